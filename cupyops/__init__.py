@@ -1,0 +1,30 @@
+"""cupyops: hand-written CUDA kernels for LLM-inference operators, each a ladder of
+variants from the textbook version to the hardware limit, JIT-compiled through CuPy/NVRTC.
+
+Importing is cheap (CuPy is imported on the first operator call). Arrays: CuPy in ->
+CuPy out, on CuPy's current stream; NumPy in -> NumPy out (through pinned memory).
+"""
+from ._kernels import CompileError, warmup
+from .ops import OPS, variants
+from .ops.norm import layer_norm, rms_norm
+from .ops.reduce import max, sum, trace  # noqa: A004 - NumPy's names
+from .ops.softmax import softmax
+from . import reference
+
+amax = max
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CompileError",
+    "OPS",
+    "amax",
+    "layer_norm",
+    "max",
+    "rms_norm",
+    "softmax",
+    "sum",
+    "trace",
+    "variants",
+    "warmup",
+]

@@ -1,0 +1,209 @@
+"""Argument checking, dtype policy, output allocation and the host <-> device bridge.
+
+Every public operator validates *all* of its arguments through these helpers before
+anything touches the GPU, so bad input raises a TypeError/ValueError naming the argument
+and an ``out=`` array is never half-written. The checks work on NumPy arrays with no CuPy
+installed; only ``to_device``/``finish`` need a GPU.
+"""
+import operator
+
+import numpy as np
+
+from . import _dtypes
+
+try:
+    from numpy.exceptions import AxisError
+except ImportError:  # numpy < 1.25
+    from numpy import AxisError
+
+
+def is_cupy(a):
+    # Looking at the type's module avoids importing CuPy (slow) in the host-only path.
+    return type(a).__module__.startswith("cupy")
+
+
+def as_input(x, name):
+    """Return ``x`` as an ndarray (CuPy arrays are kept; anything else goes through NumPy)."""
+    if is_cupy(x) or isinstance(x, np.ndarray):
+        return x
+    try:
+        return np.asarray(x)
+    except Exception as exc:  # ragged lists, objects...
+        raise TypeError(f"{name}: expected an array, got {type(x).__name__} ({exc})") from None
+
+
+def check_dtype(x, name, allowed):
+    """Return the dtype name of ``x`` or raise TypeError listing what ``name`` accepts."""
+    dt = x.dtype.name
+    if dt not in allowed:
+        raise TypeError(f"{name}: dtype {dt} is not supported; expected one of {', '.join(allowed)}")
+    return dt
+
+
+def check_ndim(x, name, ndim=None, min_ndim=None):
+    if ndim is not None and x.ndim != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D array, got {x.ndim}-D with shape {x.shape}")
+    if min_ndim is not None and x.ndim < min_ndim:
+        raise ValueError(f"{name}: expected at least {min_ndim} dimension(s), got shape {x.shape}")
+
+
+def normalize_axis(axis, ndim, name="axis"):
+    try:
+        axis = operator.index(axis)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {type(axis).__name__}") from None
+    if not -ndim <= axis < ndim:
+        raise AxisError(f"{name}: {axis} is out of bounds for an array of dimension {ndim}")
+    return axis % ndim
+
+
+def normalize_axes(axis, ndim, name="axis"):
+    """None -> all axes; int or tuple -> sorted tuple of distinct non-negative axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (tuple, list)):
+        axes = tuple(normalize_axis(a, ndim, name) for a in axis)
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"{name}: repeated axis in {axis}")
+        return tuple(sorted(axes))
+    return (normalize_axis(axis, ndim, name),)
+
+
+def check_eps(eps, name="eps"):
+    try:
+        eps = float(eps)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a number, got {type(eps).__name__}") from None
+    if not eps > 0 or not np.isfinite(eps):
+        raise ValueError(f"{name}: must be a finite number > 0, got {eps}")
+    return eps
+
+
+def check_param(p, name, x, shape):
+    """An optional per-feature parameter (weight/bias): same dtype family, exact shape."""
+    if p is None:
+        return None
+    p = as_input(p, name)
+    if is_cupy(p) != is_cupy(x):
+        raise TypeError(f"{name}: must live where x does ({_where(x)} array), got a {_where(p)} array")
+    check_dtype(p, name, (x.dtype.name,))
+    if tuple(p.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(p.shape)}")
+    return p
+
+
+def check_out(out, x, shape, dtype, name="out"):
+    """``out`` must be an array of the same kind as ``x``, C-contiguous, exact shape and dtype."""
+    if out is None:
+        return None
+    if is_cupy(out) != is_cupy(x) or not (is_cupy(out) or isinstance(out, np.ndarray)):
+        raise TypeError(f"{name}: expected a {_where(x)} array like the input, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(out.shape)}")
+    if out.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype).name}, got {out.dtype.name}")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"{name}: must be C-contiguous")
+    if is_cupy(out) and out.size and _shares_memory_with(out, x):
+        raise ValueError(f"{name}: must not overlap the input")
+    return out
+
+
+def _shares_memory_with(out, x):
+    lo, hi = out.data.ptr, out.data.ptr + out.nbytes
+    xlo = x.data.ptr
+    xhi = xlo + x.nbytes
+    return lo < xhi and xlo < hi
+
+
+def _where(a):
+    return "CuPy" if is_cupy(a) else "NumPy"
+
+
+def check_impl(impl, table, op):
+    if impl != "auto" and impl not in table:
+        names = ", ".join(["auto", *table])
+        raise ValueError(f"impl: unknown variant {impl!r} for {op}; expected one of {names}")
+    return impl
+
+
+# ----------------------------------------------------------------------------------
+# host <-> device
+# ----------------------------------------------------------------------------------
+class HostCall:
+    """What a NumPy-in call must keep until its result is back: pinned staging buffers."""
+
+    __slots__ = ("keep",)
+
+    def __init__(self):
+        self.keep = []
+
+
+def to_device(x, call):
+    """CuPy array (contiguous) for ``x``. NumPy input goes through pinned memory on the
+    current stream; ``call`` is None for CuPy input and a HostCall otherwise."""
+    cp = _cupy()
+    if call is None:
+        return x if x.flags.c_contiguous else cp.ascontiguousarray(x)
+    import cupyx
+
+    pinned = cupyx.empty_pinned(x.shape, x.dtype)
+    pinned[...] = x
+    call.keep.append(pinned)  # the async copy reads it until the stream gets there
+    d = cp.empty(x.shape, x.dtype)
+    d.set(pinned, stream=cp.cuda.get_current_stream())
+    return d
+
+
+def finish(y, out, call):
+    """Return the result the caller expects: the CuPy array as is, or, for NumPy input,
+    the data copied back through pinned memory (this is the only synchronisation)."""
+    if call is None:
+        return y
+    import cupyx
+
+    stream = _cupy().cuda.get_current_stream()
+    host = cupyx.empty_pinned(y.shape, y.dtype)
+    y.get(stream=stream, out=host, blocking=True)
+    call.keep.clear()
+    if out is not None:
+        out[...] = host
+        return out
+    return np.array(host, copy=True) if host.ndim else host[()]
+
+
+def device_out(out, call, shape, dtype):
+    """The device array a kernel writes: ``out`` itself for CuPy, else a new pooled array."""
+    cp = _cupy()
+    if out is not None and call is None:
+        return out
+    return cp.empty(shape, dtype)
+
+
+_CUPY = None
+
+
+def _cupy():
+    """Import CuPy and check that a GPU is visible, once; clear error otherwise."""
+    global _CUPY
+    if _CUPY is not None:
+        return _CUPY
+    try:
+        import cupy
+    except ImportError as exc:
+        raise RuntimeError(
+            "cupyops needs CuPy to run an operator: pip install 'cupyops[cuda12]' or "
+            f"'cupyops[cuda13]' (import failed: {exc})"
+        ) from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver
+        raise RuntimeError(f"cupyops needs a CUDA GPU; none is usable here ({exc})") from None
+    if count == 0:
+        raise RuntimeError("cupyops needs a CUDA GPU; none is visible")
+    _CUPY = cupy
+    return cupy
+
+
+def cupy_module():
+    return _cupy()

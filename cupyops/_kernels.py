@@ -1,0 +1,139 @@
+"""Locate the CUDA sources, compile them through NVRTC (cupy.RawModule), memoize per device.
+
+One ``KernelFile`` per ``kernels/<name>.cu``. Its ``name_expressions`` list every template
+instantiation the Python layer may launch (``softmax_fused<__half, 4, 256>`` ...), built by
+``template_name`` so that the compile and the lookup spell each name identically.
+
+Local ``#include "x.cuh"`` lines are inlined (with ``#line`` markers) before the source goes
+to CuPy: CuPy's disk cache keys on the source text, so an edited header changes the key and
+can never serve a stale binary, and NVRTC's messages still name the real file and line.
+Nothing compiles at import: the first launch of a file's kernel compiles the whole file for
+the current device; ``cupyops.warmup()`` does it ahead of time.
+"""
+import functools
+import re
+from importlib import resources
+from pathlib import Path
+
+# C++17 for `if constexpr`; CuPy appends -arch for the device and -ftz=true itself.
+NVRTC_OPTIONS = ("--std=c++17",)
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected a kernel file; ``log`` holds the compiler output (file:line: error)."""
+
+    def __init__(self, filename, log):
+        self.filename = filename
+        self.log = log
+        super().__init__(f"compiling kernels/{filename} failed:\n{log}")
+
+
+def kernel_dir():
+    """The directory holding the .cu/.cuh sources (package data of cupyops.kernels)."""
+    try:
+        return Path(str(resources.files("cupyops.kernels")))
+    except (ModuleNotFoundError, TypeError):  # running from a bare source tree
+        return Path(__file__).resolve().parent.parent / "kernels"
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_source(filename):
+    """Source of ``kernels/<filename>`` with its local includes inlined once each."""
+    return _inline(filename, set())
+
+
+def _inline(filename, seen):
+    path = kernel_dir() / filename
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"kernel source {filename} not found in {kernel_dir()}") from None
+    out = [f'#line 1 "{filename}"']
+    for lineno, line in enumerate(text.splitlines(), 1):
+        m = _INCLUDE.match(line)
+        if m:
+            inc = m.group(1)
+            if inc not in seen:
+                seen.add(inc)
+                out.append(_inline(inc, seen))
+            out.append(f'#line {lineno + 1} "{filename}"')
+        elif line.strip() == "#pragma once":
+            out.append("")
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def template_name(kernel, *args):
+    """``template_name('softmax_fused', '__half', 4)`` -> ``'softmax_fused<__half, 4>'``."""
+    if not args:
+        return kernel
+    return f"{kernel}<{', '.join(str(a) for a in args)}>"
+
+
+class KernelFile:
+    """One .cu file: its instantiations, its compiled module per device, its functions."""
+
+    registry = {}
+
+    def __init__(self, filename, name_expressions, *, options=()):
+        self.filename = filename
+        self.name_expressions = list(dict.fromkeys(name_expressions))
+        self.options = NVRTC_OPTIONS + tuple(options)
+        self._modules = {}
+        self._functions = {}
+        KernelFile.registry[filename] = self
+
+    def _module(self, device_id):
+        mod = self._modules.get(device_id)
+        if mod is None:
+            import cupy
+
+            from cupy.cuda.compiler import CompileException
+
+            try:
+                mod = cupy.RawModule(
+                    code=kernel_source(self.filename),
+                    options=self.options,
+                    name_expressions=self.name_expressions,
+                )
+                mod.compile()
+            except CompileException as exc:
+                raise CompileError(self.filename, str(exc)) from None
+            self._modules[device_id] = mod
+        return mod
+
+    def function(self, name):
+        """The launchable kernel ``name`` (a name expression) on the current device."""
+        import cupy
+
+        dev = cupy.cuda.runtime.getDevice()
+        key = (dev, name)
+        fn = self._functions.get(key)
+        if fn is None:
+            if name not in self.name_expressions:
+                raise KeyError(f"{name} is not instantiated in kernels/{self.filename}")
+            fn = self._module(dev).get_function(name)
+            self._functions[key] = fn
+        return fn
+
+    def compile(self):
+        """Compile (or load from CuPy's disk cache) this file for the current device."""
+        import cupy
+
+        self._module(cupy.cuda.runtime.getDevice())
+
+
+def warmup(ops=None):
+    """Compile the kernel files behind ``ops`` (all when None) for the current device, so a
+    notebook's first timed call does not pay for NVRTC. Returns the files compiled."""
+    from . import ops as _ops
+    from ._arrays import cupy_module
+
+    cupy_module()
+    files = _ops.kernel_files(ops)
+    for kf in files:
+        kf.compile()
+    return [kf.filename for kf in files]

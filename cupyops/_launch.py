@@ -1,0 +1,126 @@
+"""Device properties, launch geometry and shared-memory sizing.
+
+The geometry helpers are plain functions of numbers (and a ``DeviceProps``), so the CPU
+tier tests them without a GPU.
+"""
+import dataclasses
+
+# Dynamic shared memory a block gets without opting in.
+DEFAULT_SMEM_LIMIT = 48 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProps:
+    name: str
+    cc: int  # 90 for sm_90
+    sm_count: int
+    max_threads_per_sm: int
+    smem_per_block_optin: int  # the most dynamic shared memory one block may opt in to
+    smem_per_sm: int
+    l2_bytes: int
+
+
+_props = {}
+
+
+def device_props(device_id=None):
+    """Cached properties of the current (or given) device."""
+    import cupy
+
+    if device_id is None:
+        device_id = cupy.cuda.runtime.getDevice()
+    p = _props.get(device_id)
+    if p is None:
+        a = cupy.cuda.runtime.getDeviceProperties(device_id)
+        name = a["name"]
+        p = DeviceProps(
+            name=name.decode() if isinstance(name, bytes) else str(name),
+            cc=a["major"] * 10 + a["minor"],
+            sm_count=a["multiProcessorCount"],
+            max_threads_per_sm=a["maxThreadsPerMultiProcessor"],
+            smem_per_block_optin=a["sharedMemPerBlockOptin"],
+            smem_per_sm=a["sharedMemPerMultiprocessor"],
+            l2_bytes=a["l2CacheSize"],
+        )
+        _props[device_id] = p
+    return p
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def check_smem(nbytes, props, what):
+    """Raise a clear error when ``what`` needs more shared memory than one block may have."""
+    if nbytes > props.smem_per_block_optin:
+        raise ValueError(
+            f"{what} needs {nbytes} bytes of shared memory per block; "
+            f"{props.name} allows at most {props.smem_per_block_optin}"
+        )
+
+
+_smem_opted = {}
+
+
+def request_smem(kernel, nbytes, props, what):
+    """Make ``kernel`` launchable with ``nbytes`` of dynamic shared memory (opting in past
+    48 KB, once per kernel and size) or raise ValueError when it cannot fit."""
+    check_smem(nbytes, props, what)
+    if nbytes > DEFAULT_SMEM_LIMIT:
+        key = id(kernel)
+        if _smem_opted.get(key, 0) < nbytes:
+            kernel.max_dynamic_shared_size_bytes = nbytes
+            _smem_opted[key] = nbytes
+
+
+def grid_stride_blocks(n_items, threads, props, blocks_per_sm=4):
+    """Blocks for a grid-stride loop: enough to fill the GPU, never more than the work."""
+    return max(1, min(cdiv(n_items, threads), props.sm_count * blocks_per_sm))
+
+
+# ------------------------------------------------------------------ rows held in registers
+# The register-resident rungs (softmax_fused/_cluster, layer_norm_*, rms_norm_*) give each
+# thread VECS 16-byte vectors of a row; G threads share a row (a warp, or a whole block),
+# or CL blocks of G threads share it across a Hopper cluster. These choose the shapes.
+# VECS per dtype stays at or under 32 floats per thread so 1024-thread blocks never spill.
+ROW_VECS = {"float32": (1, 2, 4, 8), "float16": (1, 2, 4), "bfloat16": (1, 2, 4)}
+CLUSTER_SIZES = (2, 4, 8)  # 8 is the portable maximum cluster size
+_G_MAX = {1: 256, 2: 512}  # few elements per thread: keep groups small, blocks many
+
+
+def row_max_threads(vecs, dtype):
+    """RowRegs<T, VECS>::MAX_THREADS: 32 floats a thread cap the block at 512 threads."""
+    return 512 if vecs * (4 if dtype == "float32" else 8) >= 32 else 1024
+
+
+def pow2_ceil(v):
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def fused_row_plan(n, dtype):
+    """(VECS, G) for a row of n elements held by one group of G threads, or None when
+    the row is too long for one block's registers."""
+    vec = 16 // (4 if dtype == "float32" else 2)
+    for vecs in ROW_VECS[dtype]:
+        g = max(32, pow2_ceil(cdiv(n, vecs * vec)))
+        if g <= min(_G_MAX.get(vecs, 1024), row_max_threads(vecs, dtype)):
+            return vecs, g
+    return None
+
+
+def cluster_row_plan(n, dtype):
+    """(VECS, CL, G, chunk) for a row spread over a cluster of CL blocks of G threads,
+    each holding ``chunk`` elements (a multiple of the vector width), or None."""
+    vec = 16 // (4 if dtype == "float32" else 2)
+    for vecs in ROW_VECS[dtype]:
+        for cl in CLUSTER_SIZES:
+            chunk = cdiv(cdiv(n, cl), vec) * vec
+            for g in (256, 512, 1024):
+                if g * vecs * vec >= chunk and g <= row_max_threads(vecs, dtype):
+                    return vecs, cl, g, chunk
+    return None
+
+
+def rows_aligned(vec, n, *arrays):
+    """16-byte vector access is safe when every row starts on a 16-byte boundary."""
+    return n % vec == 0 and all(a.data.ptr % 16 == 0 for a in arrays if a is not None)

@@ -1,0 +1,131 @@
+"""layer_norm and rms_norm over the last axis (kernels/norm.cu)."""
+import numpy as np
+
+from .. import _arrays, _dtypes, _launch
+from .._kernels import KernelFile, template_name
+
+VARIANTS = {
+    "layer_norm": {
+        "twopass": "block per row: mean pass, variance pass, write pass: reads x 3x",
+        "welford": "mean and M2 in one pass (Welford per thread, Chan across threads), "
+        "then the write pass: reads x 2x",
+        "fused": "row in registers, 16-byte loads, statistics from registers: reads x once; "
+        "rows too long for one block fall back to welford",
+        "cluster": "sm_90: long rows spread over a cluster of up to 8 blocks, (count, mean, M2) "
+        "swapped through distributed shared memory: still one read",
+    },
+    "rms_norm": {
+        "twopass": "block per row: sum-of-squares pass, then the write pass: reads x 2x",
+        "fused": "row in registers, 16-byte loads: reads x once; rows too long for one block "
+        "fall back to twopass",
+        "cluster": "sm_90: long rows spread over a cluster of up to 8 blocks, sums of squares "
+        "swapped through distributed shared memory: still one read",
+    },
+}
+
+
+def _expressions():
+    names = []
+    for d in _dtypes.FLOAT_TYPES:
+        t = _dtypes.cuda_type(d)
+        names += [template_name(k, t) for k in ("layer_norm_twopass", "layer_norm_welford", "rms_norm_twopass")]
+        for vecs in _launch.ROW_VECS[d]:
+            for op in ("layer_norm", "rms_norm"):
+                names.append(template_name(f"{op}_fused", t, vecs))
+                names += [template_name(f"{op}_cluster", t, vecs, cl) for cl in _launch.CLUSTER_SIZES]
+    return names
+
+
+KERNELS = KernelFile("norm.cu", _expressions())
+KERNEL_FILES = [KERNELS]
+
+_NULL = np.uint64(0)  # a null device pointer for an absent weight / bias / stats
+
+
+def _check(x, weight, bias, eps, out, impl, op):
+    x = _arrays.as_input(x, "x")
+    dt = _arrays.check_dtype(x, "x", _dtypes.FLOAT_TYPES)
+    _arrays.check_ndim(x, "x", min_ndim=1)
+    n = x.shape[-1]
+    weight = _arrays.check_param(weight, "weight", x, (n,))
+    bias = _arrays.check_param(bias, "bias", x, (n,))
+    eps = _arrays.check_eps(eps)
+    out = _arrays.check_out(out, x, x.shape, x.dtype)
+    _arrays.check_impl(impl, VARIANTS[op], op)
+    return x, dt, weight, bias, eps, out
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5, *, return_stats=False, out=None, impl="auto"):
+    """LayerNorm over the last axis: ``(x - mean) / sqrt(var + eps) * weight + bias`` with the
+    biased variance, as ``torch.nn.functional.layer_norm``. weight and bias have shape
+    (n,) and x's dtype. With ``return_stats=True`` returns ``(y, mean, rstd)``, the
+    statistics as float32 arrays of shape ``x.shape[:-1]``."""
+    x, dt, weight, bias, eps, out = _check(x, weight, bias, eps, out, impl, "layer_norm")
+    call = None if _arrays.is_cupy(x) else _arrays.HostCall()
+    cp = _arrays.cupy_module()
+    y = _arrays.device_out(out, call, x.shape, x.dtype)
+    mean = rstd = None
+    if return_stats:
+        mean = cp.empty(x.shape[:-1], np.float32)
+        rstd = cp.empty(x.shape[:-1], np.float32)
+    n = x.shape[-1]
+    if x.size:
+        xd = _arrays.to_device(x, call)
+        wd = _arrays.to_device(weight, call) if weight is not None else None
+        bd = _arrays.to_device(bias, call) if bias is not None else None
+        _norm_rows("layer_norm", impl, dt, xd, wd, bd, y, mean, rstd, x.size // n, n, eps)
+    elif return_stats and mean.size:  # rows of length 0: NumPy's mean of nothing is NaN
+        mean.fill(np.nan)
+        rstd.fill(np.nan)
+    y = _arrays.finish(y, out, call)
+    if not return_stats:
+        return y
+    return y, _arrays.finish(mean, None, call), _arrays.finish(rstd, None, call)
+
+
+def rms_norm(x, weight=None, eps=1e-6, *, out=None, impl="auto"):
+    """RMSNorm over the last axis: ``x / sqrt(mean(x**2) + eps) * weight``, as
+    ``torch.nn.functional.rms_norm``."""
+    x, dt, weight, _, eps, out = _check(x, weight, None, eps, out, impl, "rms_norm")
+    call = None if _arrays.is_cupy(x) else _arrays.HostCall()
+    _arrays.cupy_module()
+    y = _arrays.device_out(out, call, x.shape, x.dtype)
+    n = x.shape[-1]
+    if x.size:
+        xd = _arrays.to_device(x, call)
+        wd = _arrays.to_device(weight, call) if weight is not None else None
+        _norm_rows("rms_norm", impl, dt, xd, wd, None, y, None, None, x.size // n, n, eps)
+    return _arrays.finish(y, out, call)
+
+
+def _p(a):
+    return _NULL if a is None else a
+
+
+def _norm_rows(op, impl, dt, xd, wd, bd, y, mean, rstd, rows, n, eps):
+    t = _dtypes.cuda_type(dt)
+    vec = 16 // xd.itemsize
+    aligned = np.int32(_launch.rows_aligned(vec, n, xd, y, wd, bd))
+    eps = np.float32(eps)
+    if op == "layer_norm":
+        params = (xd, _p(wd), _p(bd), y, _p(mean), _p(rstd), np.int64(rows), np.int32(n), eps)
+    else:
+        params = (xd, _p(wd), y, np.int64(rows), np.int32(n), eps)
+    if impl in ("auto", "cluster", "fused"):
+        plan = _launch.fused_row_plan(n, dt)
+        if plan is not None:
+            vecs, g = plan
+            fn = KERNELS.function(template_name(f"{op}_fused", t, vecs))
+            block = 128 if g == 32 else g
+            fn((_launch.cdiv(rows, block // g),), (block,), params + (np.int32(g), aligned))
+            return
+        if impl != "fused" and _launch.device_props().cc >= 90:
+            plan = _launch.cluster_row_plan(n, dt)
+            if plan is not None:
+                vecs, cl, g, chunk = plan
+                fn = KERNELS.function(template_name(f"{op}_cluster", t, vecs, cl))
+                fn((rows * cl,), (g,), params + (np.int32(chunk), aligned))
+                return
+        impl = "welford" if op == "layer_norm" else "twopass"
+    fn = KERNELS.function(template_name(f"{op}_{impl}", t))
+    fn((rows,), (512,), params)

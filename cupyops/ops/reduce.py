@@ -1,0 +1,242 @@
+"""trace, sum and max (kernels/reduce.cu).
+
+Fast paths: the whole array and trailing axes are row reductions (R rows of n contiguous
+elements); one other axis is a strided reduction; any other set of axes is moved to the
+end (one copy) and reduced as rows. Few long rows are cut into segments whose partials a
+second pass reduces, so the GPU stays busy without atomics (results are bitwise the same
+run to run on a given GPU).
+"""
+import numpy as np
+
+from .. import _arrays, _dtypes, _launch
+from .._kernels import KernelFile, template_name
+
+VARIANTS = {
+    "trace": {
+        "naive": "one thread walks the diagonal: the textbook loop, one load in flight",
+        "block": "one 256-thread block, strided loads, shared-memory tree reduction",
+        "unrolled": "one 1024-thread block, 8 loads in flight per thread, warp-shuffle reduction",
+    },
+}
+_ROW_LADDER = {
+    "naive": "one thread per output row, scalar loop: uncoalesced, the textbook version",
+    "block": "one 256-thread block per row, coalesced scalar loads, shared-memory tree",
+    "vector": "16-byte loads, 4 in flight per thread, warp per short row / block per long row, "
+    "shuffle reductions, long rows split into segments plus a second pass",
+}
+VARIANTS["sum"] = dict(_ROW_LADDER)
+VARIANTS["max"] = dict(_ROW_LADDER)
+
+# NumPy's result dtype of sum / trace, and which dtype= requests we instantiate.
+SUM_DEFAULT = {"int32": "int64", "int64": "int64", "float32": "float32", "float64": "float64",
+               "float16": "float16", "bfloat16": "bfloat16"}
+SUM_PAIRS = {
+    "float16": ("float16", "float32", "float64"),
+    "bfloat16": ("bfloat16", "float32", "float64"),
+    "float32": ("float32", "float64"),
+    "float64": ("float64",),
+    "int32": ("int64", "int32", "float32", "float64"),
+    "int64": ("int64", "float32", "float64"),
+}
+# Accumulator dtype (what partials of a split reduction are stored as).
+_SUM_ACC = {"float16": "float32", "bfloat16": "float32", "float32": "float32",
+            "float64": "float64", "int32": "int64", "int64": "int64"}
+_MAX_ACC = {"float16": "float32", "bfloat16": "float32", "float32": "float32",
+            "float64": "float64", "int32": "int32", "int64": "int64"}
+_OPS = {"sum": ("cuops::SumOp", _SUM_ACC), "max": ("cuops::MaxOp", _MAX_ACC)}
+_ROW_KERNELS = {"naive": "reduce_rows_naive", "block": "reduce_rows_block",
+                "vector": "reduce_rows_vector"}
+_TRACE_KERNELS = {"naive": "trace_naive", "block": "trace_block", "unrolled": "trace_unrolled"}
+_TRACE_THREADS = {"naive": 1, "block": 256, "unrolled": 1024}
+
+
+def _pairs(op):
+    """Every (input, output) dtype pair a reduction kernel is instantiated for, including
+    the (accumulator -> output) pairs of a split reduction's second pass."""
+    if op == "max":
+        pairs = [(d, d) for d in _dtypes.REDUCE_TYPES]
+    else:
+        pairs = [(i, o) for i, outs in SUM_PAIRS.items() for o in outs]
+    acc = _OPS[op][1]
+    pairs += [(acc[o], o) for _, o in pairs]
+    return list(dict.fromkeys(pairs))
+
+
+def _name(kernel, op, din, dout):
+    return template_name(kernel, _dtypes.cuda_type(din), _dtypes.cuda_type(dout), _OPS[op][0])
+
+
+def _expressions():
+    names = []
+    for op in ("sum", "max"):
+        for din, dout in _pairs(op):
+            for k in (*_ROW_KERNELS.values(), "reduce_strided"):
+                names.append(_name(k, op, din, dout))
+    for din in _dtypes.REDUCE_TYPES:
+        for k in _TRACE_KERNELS.values():
+            names.append(template_name(k, _dtypes.cuda_type(din), _dtypes.cuda_type(SUM_DEFAULT[din])))
+    return names
+
+
+KERNELS = KernelFile("reduce.cu", _expressions())
+KERNEL_FILES = [KERNELS]
+
+
+# ---------------------------------------------------------------------------- trace
+def trace(a, *, impl="auto"):
+    """Sum of ``a[i, i]`` for i < min(rows, cols), as ``numpy.trace`` of a 2-D array
+    (integers are summed exactly in int64; half types accumulate in float32).
+    Returns a 0-d CuPy array for CuPy input, a NumPy scalar for NumPy input."""
+    a = _arrays.as_input(a, "a")
+    din = _arrays.check_dtype(a, "a", _dtypes.REDUCE_TYPES)
+    _arrays.check_ndim(a, "a", ndim=2)
+    _arrays.check_impl(impl, VARIANTS["trace"], "trace")
+    impl = "unrolled" if impl == "auto" else impl
+    dout = SUM_DEFAULT[din]
+
+    call = None if _arrays.is_cupy(a) else _arrays.HostCall()
+    cp = _arrays.cupy_module()
+    if call is None:
+        ad = a  # only the diagonal is read: any strides will do, no copy
+        itemsize = a.itemsize
+        s0, s1 = a.strides
+        if s0 % itemsize or s1 % itemsize:
+            ad = cp.ascontiguousarray(a)
+            s0, s1 = ad.strides
+    else:
+        ad = _arrays.to_device(a, call)
+        itemsize, (s0, s1) = ad.itemsize, ad.strides
+    y = cp.empty((), _dtypes.to_dtype(dout))
+    n = min(a.shape)
+    if n == 0:
+        y.fill(0)
+    else:
+        fn = KERNELS.function(template_name(_TRACE_KERNELS[impl], _dtypes.cuda_type(din),
+                                            _dtypes.cuda_type(dout)))
+        fn((1,), (_TRACE_THREADS[impl],), (ad, y, np.int64(n), np.int64((s0 + s1) // itemsize)))
+    return _arrays.finish(y, None, call)
+
+
+# ---------------------------------------------------------------------------- sum / max
+def sum(x, axis=None, dtype=None, out=None, *, keepdims=False, impl="auto"):  # noqa: A001
+    """Sum over ``axis`` (None: all; int or tuple), NumPy semantics: int32 sums to int64,
+    half types accumulate in float32 and return their own dtype unless ``dtype`` says."""
+    return _reduce("sum", x, axis, dtype, out, keepdims, impl)
+
+
+def max(x, axis=None, out=None, *, keepdims=False, impl="auto"):  # noqa: A001
+    """Maximum over ``axis`` (None: all; int or tuple); NaN propagates as in NumPy."""
+    return _reduce("max", x, axis, None, out, keepdims, impl)
+
+
+def _reduce(op, x, axis, dtype, out, keepdims, impl):
+    x = _arrays.as_input(x, "x")
+    din = _arrays.check_dtype(x, "x", _dtypes.REDUCE_TYPES)
+    if op == "sum":
+        dout = SUM_DEFAULT[din] if dtype is None else _dtype_arg(dtype)
+        if dout not in SUM_PAIRS[din]:
+            raise TypeError(
+                f"dtype: cannot sum {din} into {dout}; expected one of {', '.join(SUM_PAIRS[din])}"
+            )
+    else:
+        dout = din
+    axes = _arrays.normalize_axes(axis, x.ndim)
+    shape = tuple(x.shape)
+    n_red = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    kept = [d for i, d in enumerate(shape) if i not in axes]
+    out_shape = tuple(1 if i in axes else d for i, d in enumerate(shape)) if keepdims else tuple(kept)
+    if op == "max" and n_red == 0:  # as NumPy, even when the result would be empty
+        raise ValueError("x: zero-size array to reduction operation max which has no identity")
+    out_dtype = _dtypes.to_dtype(dout)
+    out = _arrays.check_out(out, x, out_shape, out_dtype)
+    _arrays.check_impl(impl, VARIANTS[op], op)
+    impl = "vector" if impl == "auto" else impl
+
+    call = None if _arrays.is_cupy(x) else _arrays.HostCall()
+    cp = _arrays.cupy_module()
+    y = _arrays.device_out(out, call, out_shape, out_dtype)
+    if y.size == 0:
+        return _arrays.finish(y, out, call)
+    if n_red == 0:  # sum over an empty axis
+        y.fill(0)
+        return _arrays.finish(y, out, call)
+    xd = _arrays.to_device(x, call)
+    nd = x.ndim
+    if nd == 0 or axes == tuple(range(nd - len(axes), nd)):  # trailing axes: rows
+        _rows(op, impl, xd, y, y.size, n_red, din, dout)
+    elif len(axes) == 1:
+        a = axes[0]
+        outer = int(np.prod(shape[:a], dtype=np.int64))
+        inner = int(np.prod(shape[a + 1:], dtype=np.int64))
+        _strided(op, xd, y, outer, shape[a], inner, din, dout)
+    else:  # move the reduced axes last (one copy), then rows
+        moved = cp.ascontiguousarray(cp.moveaxis(xd, axes, tuple(range(nd - len(axes), nd))))
+        _rows(op, impl, moved, y, y.size, n_red, din, dout)
+    return _arrays.finish(y, out, call)
+
+
+def _dtype_arg(dtype):
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return "bfloat16"
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        raise TypeError(f"dtype: not a dtype: {dtype!r}") from None
+
+
+def _strided(op, xd, y, outer, R, inner, din, dout):
+    fn = KERNELS.function(_name("reduce_strided", op, din, dout))
+    threads = 256
+    fn((_launch.cdiv(outer * inner, threads),), (threads,),
+       (xd, y, np.int64(outer), np.int64(R), np.int64(inner)))
+
+
+def split_plan(R, n, sm_count, impl, vec):
+    """(S, L): cut each of R rows of n elements into S segments of L elements so that
+    there are enough independent pieces of work to fill ``sm_count`` SMs."""
+    target = {"naive": 256, "block": 8, "vector": 8}[impl] * sm_count
+    min_len = {"naive": 1024, "block": 8192, "vector": 16384}[impl]
+    if R >= target or n < 2 * min_len:
+        return 1, n
+    S = min(_launch.cdiv(target, R), n // min_len)
+    L = _launch.cdiv(_launch.cdiv(n, S), vec) * vec  # keep segments 16-byte aligned
+    return _launch.cdiv(n, L), L
+
+
+def vector_group(n):
+    """Threads per row for reduce_rows_vector: a warp for short rows, a block for long."""
+    if n <= 2048:
+        return 32
+    if n <= 16384:
+        return 256
+    return 1024
+
+
+def _rows(op, impl, xd, y, R, n, din, dout):
+    props = _launch.device_props()
+    vec = 16 // xd.itemsize
+    S, L = split_plan(R, n, props.sm_count, impl, vec)
+    if S == 1:
+        _rows_launch(op, impl, xd, y, R, n, 1, n, din, dout)
+        return
+    acc = _OPS[op][1][dout]
+    cp = _arrays.cupy_module()
+    partial = cp.empty((R, S), _dtypes.to_dtype(acc))
+    _rows_launch(op, impl, xd, partial, R, n, S, L, din, acc)
+    _rows_launch(op, impl, partial, y, R, S, 1, S, acc, dout)
+
+
+def _rows_launch(op, impl, xd, y, R, n, S, L, din, dout):
+    fn = KERNELS.function(_name(_ROW_KERNELS[impl], op, din, dout))
+    V = R * S
+    args = (xd, y, np.int64(R), np.int64(n), np.int32(S), np.int64(L))
+    if impl == "naive":
+        fn((_launch.cdiv(V, 128),), (128,), args)
+    elif impl == "block":
+        fn((V,), (256,), args)
+    else:
+        G = vector_group(L)
+        vec = 16 // xd.itemsize
+        aligned = xd.data.ptr % 16 == 0 and n % vec == 0 and L % vec == 0
+        block = 256 if G == 32 else G
+        fn((_launch.cdiv(V, block // G),), (block,), args + (np.int32(G), np.int32(aligned)))

@@ -1,0 +1,96 @@
+"""softmax over one axis (kernels/softmax.cu). The last axis is the fast path; another axis
+is moved last (one copy each way)."""
+import numpy as np
+
+from .. import _arrays, _dtypes, _launch
+from .._kernels import KernelFile, template_name
+
+VARIANTS = {
+    "softmax": {
+        "naive": "block per row, three passes over memory (max, sum of exp, write): reads x 3x",
+        "online": "max and sum in one pass with rescaling, then the write pass: reads x 2x; "
+        "16-byte loads; any row length",
+        "fused": "row held in registers (warp per short row, block per long row): reads x once, "
+        "writes once; rows too long for one block fall back to online",
+        "cluster": "sm_90: a row too long for one block spread over a cluster of up to 8 blocks, "
+        "(max, sum) swapped through distributed shared memory: still one read, one write",
+    }
+}
+
+
+def _expressions():
+    names = []
+    for d in _dtypes.FLOAT_TYPES:
+        t = _dtypes.cuda_type(d)
+        names += [template_name("softmax_naive", t), template_name("softmax_online", t)]
+        for vecs in _launch.ROW_VECS[d]:
+            names.append(template_name("softmax_fused", t, vecs))
+            names += [template_name("softmax_cluster", t, vecs, cl) for cl in _launch.CLUSTER_SIZES]
+    return names
+
+
+KERNELS = KernelFile("softmax.cu", _expressions())
+KERNEL_FILES = [KERNELS]
+
+
+def softmax(x, axis=-1, out=None, *, impl="auto"):
+    """``exp(x - max) / sum(exp(x - max))`` along ``axis``; float32, float16, bfloat16 with
+    float32 math. A row of all -inf gives NaN, as in NumPy."""
+    x = _arrays.as_input(x, "x")
+    dt = _arrays.check_dtype(x, "x", _dtypes.FLOAT_TYPES)
+    _arrays.check_ndim(x, "x", min_ndim=1)
+    axis = _arrays.normalize_axis(axis, x.ndim)
+    out = _arrays.check_out(out, x, x.shape, x.dtype)
+    _arrays.check_impl(impl, VARIANTS["softmax"], "softmax")
+
+    call = None if _arrays.is_cupy(x) else _arrays.HostCall()
+    cp = _arrays.cupy_module()
+    y = _arrays.device_out(out, call, x.shape, x.dtype)
+    if x.size:
+        xd = _arrays.to_device(x, call)
+        if axis == x.ndim - 1:
+            softmax_rows(impl, xd, y, dt)
+        else:
+            xt = cp.ascontiguousarray(cp.moveaxis(xd, axis, -1))
+            yt = cp.empty_like(xt)
+            softmax_rows(impl, xt, yt, dt)
+            y[...] = cp.moveaxis(yt, -1, axis)
+    return _arrays.finish(y, out, call)
+
+
+def softmax_rows(impl, xd, y, dt):
+    """Softmax of the rows of contiguous ``xd`` (last axis) into contiguous ``y``."""
+    n = xd.shape[-1]
+    rows = xd.size // n
+    t = _dtypes.cuda_type(dt)
+    vec = 16 // xd.itemsize
+    aligned = np.int32(_launch.rows_aligned(vec, n, xd, y))
+    props = _launch.device_props()
+    if impl in ("auto", "cluster", "fused"):
+        plan = _launch.fused_row_plan(n, dt)
+        if plan is not None:
+            vecs, g = plan
+            return launch_fused(t, vecs, g, xd, y, rows, n, aligned)
+        if impl != "fused" and props.cc >= 90:
+            plan = _launch.cluster_row_plan(n, dt)
+            if plan is not None:
+                return launch_cluster(t, *plan, xd, y, rows, n, aligned)
+        impl = "online"
+    if impl == "naive":
+        fn = KERNELS.function(template_name("softmax_naive", t))
+        fn((rows,), (256,), (xd, y, np.int64(rows), np.int32(n)))
+    else:
+        fn = KERNELS.function(template_name("softmax_online", t))
+        fn((rows,), (512,), (xd, y, np.int64(rows), np.int32(n), aligned))
+
+
+def launch_fused(t, vecs, g, xd, y, rows, n, aligned):
+    fn = KERNELS.function(template_name("softmax_fused", t, vecs))
+    block = 128 if g == 32 else g
+    grid = _launch.cdiv(rows, block // g)
+    fn((grid,), (block,), (xd, y, np.int64(rows), np.int32(n), np.int32(g), aligned))
+
+
+def launch_cluster(t, vecs, cl, g, chunk, xd, y, rows, n, aligned):
+    fn = KERNELS.function(template_name("softmax_cluster", t, vecs, cl))
+    fn((rows * cl,), (g,), (xd, y, np.int64(rows), np.int32(n), np.int32(chunk), aligned))

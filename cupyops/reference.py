@@ -1,0 +1,88 @@
+"""NumPy float64 references for every operator: the ground truth of the tests and of the
+benchmark's validation step. Inputs may be NumPy or CuPy arrays (copied to the host);
+results are float64 NumPy arrays (integer sums stay exact in int64/Python ints)."""
+import numpy as np
+
+
+def _host(a):
+    if type(a).__module__.startswith("cupy"):
+        a = a.get()
+    return np.asarray(a)
+
+
+def _f64(a):
+    return _host(a).astype(np.float64)
+
+
+def trace(a):
+    a = _host(a)
+    if a.dtype.kind in "iu":
+        return np.trace(a.astype(np.int64))
+    return np.trace(a.astype(np.float64))
+
+
+def sum(x, axis=None):  # noqa: A001 - mirrors the operator's name
+    x = _host(x)
+    if x.dtype.kind in "iu":
+        return np.sum(x.astype(np.int64), axis=axis)
+    return np.sum(x.astype(np.float64), axis=axis)
+
+
+def max(x, axis=None):  # noqa: A001
+    x = _host(x)
+    if x.dtype.kind in "iu":
+        return np.max(x, axis=axis)
+    return np.max(x.astype(np.float64), axis=axis)
+
+
+def softmax(x, axis=-1):
+    x = _f64(x)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+        return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5):
+    """Returns (y, mean, rstd) over the last axis."""
+    x = _f64(x)
+    mean = x.mean(axis=-1)
+    var = ((x - mean[..., None]) ** 2).mean(axis=-1)
+    rstd = 1.0 / np.sqrt(var + eps)
+    y = (x - mean[..., None]) * rstd[..., None]
+    if weight is not None:
+        y = y * _f64(weight)
+    if bias is not None:
+        y = y + _f64(bias)
+    return y, mean, rstd
+
+
+def rms_norm(x, weight=None, eps=1e-6):
+    x = _f64(x)
+    rstd = 1.0 / np.sqrt((x * x).mean(axis=-1) + eps)
+    y = x * rstd[..., None]
+    if weight is not None:
+        y = y * _f64(weight)
+    return y
+
+
+def rel_error(out, ref):
+    """||out - ref|| / ||ref|| in float64; inf when out has a NaN that ref has not."""
+    out = _f64(out)
+    ref = np.asarray(ref, dtype=np.float64)
+    if out.shape != ref.shape:
+        raise ValueError(f"shape mismatch: {out.shape} vs {ref.shape}")
+    both_nan = np.isnan(out) & np.isnan(ref)
+    if np.any(np.isnan(out) != np.isnan(ref)):
+        return float("inf")
+    out = np.where(both_nan, 0.0, out)
+    ref = np.where(both_nan, 0.0, ref)
+    num = np.linalg.norm((out - ref).ravel())
+    den = np.linalg.norm(ref.ravel())
+    return float(num / den) if den > 0 else float(num)
+
+
+# Tolerances on rel_error by dtype (see GUIDE.md section 4).
+TOLERANCE = {
+    "reduce": {"float64": 1e-12, "float32": 2e-6, "float16": 2e-3, "bfloat16": 1e-2},
+    "norm": {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2},
+}

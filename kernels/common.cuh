@@ -1,0 +1,222 @@
+// common.cuh: the pieces every kernel family shares.
+//  - element <-> float conversion for float / __half / __nv_bfloat16 (math is done in fp32)
+//  - accumulator types and casts for reductions (double, long long)
+//  - 16-byte vector loads/stores: the memory-bound kernels move whole 16-byte sectors
+//  - warp / block reductions with shuffles (no float atomics anywhere: results are
+//    bitwise reproducible run to run)
+//  - the pieces of Hopper thread-block clusters (distributed shared memory) used by the
+//    rungs that keep one long row on chip across several SMs
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace cuops {
+
+typedef long long i64;
+
+// NVRTC has no <cmath>: spell +inf through its bit pattern.
+#define CUOPS_INF __int_as_float(0x7f800000)
+
+// ---------------------------------------------------------------- conversions
+template <typename T> struct is_half_like { static constexpr bool value = false; };
+template <> struct is_half_like<__half> { static constexpr bool value = true; };
+template <> struct is_half_like<__nv_bfloat16> { static constexpr bool value = true; };
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+// Any element type -> accumulator type A (half types go through float).
+template <typename A, typename T> __device__ __forceinline__ A to_acc(T x) {
+    if constexpr (is_half_like<T>::value) return static_cast<A>(to_f32(x));
+    else return static_cast<A>(x);
+}
+// Accumulator -> output element type.
+template <typename T, typename A> __device__ __forceinline__ T from_acc(A a) {
+    if constexpr (is_half_like<T>::value) return from_f32<T>(static_cast<float>(a));
+    else return static_cast<T>(a);
+}
+
+// ---------------------------------------------------------------- reduction ops
+struct SumOp {
+    template <typename A> __device__ static A identity() { return A(0); }
+    template <typename A> __device__ static A apply(A a, A b) { return a + b; }
+};
+
+struct MaxOp {
+    template <typename A> __device__ static A identity() {
+        if constexpr (sizeof(A) == 8 && A(0.5) == A(0)) return (A)(-0x7fffffffffffffffLL - 1);
+        else if constexpr (A(0.5) == A(0)) return (A)(-0x7fffffff - 1);
+        else return (A)(-CUOPS_INF);
+    }
+    // NaN-propagating, as numpy.max.
+    template <typename A> __device__ static A apply(A a, A b) { return (a > b || a != a) ? a : b; }
+};
+
+// Accumulator of a reduction producing Tout.
+template <typename Op, typename Tout> struct AccOf { typedef float type; };
+template <typename Op> struct AccOf<Op, double> { typedef double type; };
+template <> struct AccOf<SumOp, int> { typedef i64 type; };
+template <> struct AccOf<SumOp, i64> { typedef i64 type; };
+template <> struct AccOf<MaxOp, int> { typedef int type; };
+template <> struct AccOf<MaxOp, i64> { typedef i64 type; };
+
+// ---------------------------------------------------------------- 16-byte vectors
+template <typename T> struct Vec { static constexpr int N = 16 / sizeof(T); };
+
+// Read 16 bytes (N elements) as floats. p must be 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[Vec<T>::N]) {
+    uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < Vec<T>::N; ++j) out[j] = to_f32(e[j]);
+}
+
+// Read 16 bytes as accumulator values (exact for integers, unlike the float path).
+template <typename A, typename T>
+__device__ __forceinline__ void load_vec_acc(const T* p, A (&out)[Vec<T>::N]) {
+    uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < Vec<T>::N; ++j) out[j] = to_acc<A>(e[j]);
+}
+
+template <typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&in)[Vec<T>::N]) {
+    uint4 raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < Vec<T>::N; ++j) e[j] = from_f32<T>(in[j]);
+    *reinterpret_cast<uint4*>(p) = raw;
+}
+
+// ---------------------------------------------------------------- warp / block reductions
+template <typename Op, typename A> __device__ __forceinline__ A warp_reduce(A v, int width = 32) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        if (o < width) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+struct FSum {
+    __device__ static float apply(float a, float b) { return a + b; }
+};
+struct FMax {
+    __device__ static float apply(float a, float b) { return fmaxf(a, b); }
+};
+
+// Reduce over the G threads of a row group; every thread of the group gets the result.
+// G is 32 (one warp per row: shuffles only) or a multiple of 32 filling the block
+// (scratch: one slot per warp; the caller passes a buffer of blockDim.x / 32 entries).
+template <typename Op, typename A>
+__device__ __forceinline__ A group_reduce(A v, int G, A* scratch) {
+    v = warp_reduce<Op>(v);
+    if (G <= 32) return v;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = G >> 5;
+    __syncthreads();  // scratch may still be read by a previous reduction
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = scratch[lane < nw ? lane : 0];  // lanes >= nw hold duplicates that lane 0 never mixes in
+    // reduce the nw (power of two) partials held by lanes 0..nw-1
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        if (o < nw) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return __shfl_sync(0xffffffffu, v, 0);
+}
+
+// ---------------------------------------------------------------- online softmax / Welford
+// (max, sum of exp(x - max)) pairs combine associatively; -inf maxima contribute nothing.
+struct MaxSum {
+    float m, s;
+};
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+    float m = fmaxf(a.m, b.m);
+    float sa = (a.m == -CUOPS_INF) ? 0.f : a.s * __expf(a.m - m);
+    float sb = (b.m == -CUOPS_INF) ? 0.f : b.s * __expf(b.m - m);
+    return {m, sa + sb};
+}
+
+// (count, mean, M2) of Welford; combined with Chan's formula.
+struct Welford {
+    float n, mean, m2;
+};
+__device__ __forceinline__ Welford combine(Welford a, Welford b) {
+    float n = a.n + b.n;
+    if (n == 0.f) return {0.f, 0.f, 0.f};
+    float d = b.mean - a.mean, fb = b.n / n;
+    return {n, a.mean + d * fb, a.m2 + b.m2 + d * d * a.n * fb};
+}
+
+// ---------------------------------------------------------------- a row chunk in registers
+// Thread t of a group of G threads holds VECS vectors of N elements of the chunk
+// [0, len) of row pointer p: vector i covers elements ((i * G + t) * N) .. + N - 1, so each
+// load instruction of the group reads G * 16 contiguous bytes (coalesced), and all VECS
+// loads are issued before the first use.
+template <typename T, int VECS> struct RowRegs {
+    static constexpr int N = Vec<T>::N;
+    // 32 floats a thread need more than the 64 registers a 1024-thread block allows;
+    // such rows use at most 512 threads (the host's plans follow the same rule).
+    static constexpr int MAX_THREADS = VECS * N >= 32 ? 512 : 1024;
+    float v[VECS][N];
+
+    __device__ __forceinline__ void load(const T* p, int len, int t, int G, bool aligned, float fill) {
+#pragma unroll
+        for (int i = 0; i < VECS; ++i) {
+            const int e0 = (i * G + t) * N;
+            if (aligned && e0 + N <= len) {
+                load_vec(p + e0, v[i]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < N; ++j) v[i][j] = (e0 + j < len) ? to_f32(p[e0 + j]) : fill;
+            }
+        }
+    }
+
+    __device__ __forceinline__ void store(T* p, int len, int t, int G, bool aligned) const {
+#pragma unroll
+        for (int i = 0; i < VECS; ++i) {
+            const int e0 = (i * G + t) * N;
+            if (aligned && e0 + N <= len) {
+                store_vec(p + e0, v[i]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < N; ++j)
+                    if (e0 + j < len) p[e0 + j] = from_f32<T>(v[i][j]);
+            }
+        }
+    }
+};
+
+// ---------------------------------------------------------------- Hopper clusters
+// A cluster's blocks run at the same time on neighbouring SMs and can read each other's
+// shared memory (DSMEM). The cluster rungs split one long row over CL blocks, keep each
+// block's chunk in registers, and swap only the per-block statistics through DSMEM.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define CUOPS_HAS_CLUSTERS 1
+#define CUOPS_CLUSTER_DIMS(cl) __cluster_dims__(cl, 1, 1)
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// Read a float from the shared memory of block `rank` of this cluster, at the address
+// where `local` sits in ours.
+__device__ __forceinline__ float ld_dsmem(const float* local, unsigned rank) {
+    unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local)), r;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+    return v;
+}
+#else
+#define CUOPS_HAS_CLUSTERS 0
+#define CUOPS_CLUSTER_DIMS(cl)
+#endif
+
+}  // namespace cuops

@@ -1,0 +1,303 @@
+// norm.cu: LayerNorm and RMSNorm over the last axis of a (rows, n) array.
+//   layer_norm: y = (x - mean) * rstd * w + b,  rstd = 1 / sqrt(var + eps) (biased var)
+//   rms_norm:   y = x * rstd * w,               rstd = 1 / sqrt(mean(x^2) + eps)
+// Statistics are float32 whatever the element type; w and b may be null.
+//
+// Bytes that must move: read x once (+ w, b once, which L2 serves to every row), write y
+// once. The ladder:
+//   layer_norm_twopass  block per row: a pass for the mean, a pass for the variance, a
+//                       pass to write. Reads x three times.
+//   layer_norm_welford  block per row: mean and M2 in ONE pass (Welford per thread, Chan's
+//                       formula across threads), then the write pass. Reads x twice.
+//   rms_norm_twopass    block per row: sum of squares, then the write pass. Reads x twice.
+//   *_fused             the row lives in registers (warp per short row, block per long),
+//                       16-byte loads; statistics from registers (the variance as a second
+//                       sweep over registers, exact two-pass numerics at one-pass cost).
+//   *_cluster           (sm_90) a row too long for one block spread over a cluster of CL
+//                       blocks; per-block (count, mean, M2) or sum of squares swapped
+//                       through distributed shared memory.
+#include "common.cuh"
+
+using namespace cuops;
+
+// ------------------------------------------------------------------ helpers
+// Butterfly over a warp: lane 0 ends with the combination of all 32 lanes, and the same
+// sequence of operations runs in every block, so every block gets the same bits.
+__device__ __forceinline__ Welford warp_welford(Welford v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        Welford w = {__shfl_xor_sync(0xffffffffu, v.n, o), __shfl_xor_sync(0xffffffffu, v.mean, o),
+                     __shfl_xor_sync(0xffffffffu, v.m2, o)};
+        v = combine(v, w);
+    }
+    return v;
+}
+
+// Welford state over the G threads of a row group (G = 32 or blockDim.x); all get lane 0's.
+__device__ __forceinline__ Welford group_welford(Welford v, int G, float* scratch) {
+    v = warp_welford(v);
+    if (G > 32) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = G >> 5;
+        __syncthreads();
+        if (lane == 0) {
+            scratch[warp] = v.n;
+            scratch[32 + warp] = v.mean;
+            scratch[64 + warp] = v.m2;
+        }
+        __syncthreads();
+        v = lane < nw ? Welford{scratch[lane], scratch[32 + lane], scratch[64 + lane]} : Welford{0.f, 0.f, 0.f};
+        v = warp_welford(v);
+    }
+    return {__shfl_sync(0xffffffffu, v.n, 0), __shfl_sync(0xffffffffu, v.mean, 0),
+            __shfl_sync(0xffffffffu, v.m2, 0)};
+}
+
+// y = (x - shift) * scale * w + b over the registers, w and b read as 16-byte vectors
+// while storing (they stay in L2 for every row, and hold no registers across the kernel).
+template <typename T, int VECS>
+__device__ __forceinline__ void affine_store(const RowRegs<T, VECS>& r, T* __restrict__ q,
+                                             const T* __restrict__ w, const T* __restrict__ b, int len,
+                                             int t, int G, bool aligned, float shift, float scale) {
+    constexpr int N = Vec<T>::N;
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+        const int e0 = (i * G + t) * N;
+        float o[N], wv[N], bv[N];
+        if (aligned && e0 + N <= len) {
+            if (w) load_vec(w + e0, wv);
+            if (b) load_vec(b + e0, bv);
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                o[j] = (r.v[i][j] - shift) * scale;
+                if (w) o[j] *= wv[j];
+                if (b) o[j] += bv[j];
+            }
+            store_vec(q + e0, o);
+        } else {
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                if (e0 + j < len) {
+                    float v = (r.v[i][j] - shift) * scale;
+                    if (w) v *= to_f32(w[e0 + j]);
+                    if (b) v += to_f32(b[e0 + j]);
+                    q[e0 + j] = from_f32<T>(v);
+                }
+            }
+        }
+    }
+}
+
+// (count, mean, M2) of this thread's valid registers, with mean taken over the group.
+template <typename T, int VECS>
+__device__ __forceinline__ float sq_dev_sum(const RowRegs<T, VECS>& r, int len, int t, int G, float mean) {
+    constexpr int N = Vec<T>::N;
+    float m2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < VECS; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            const float d = r.v[i][j] - mean;
+            if ((i * G + t) * N + j < len) m2 += d * d;
+        }
+    return m2;
+}
+
+template <typename T, int VECS>
+__device__ __forceinline__ float regs_sum(const RowRegs<T, VECS>& r, bool squares) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < VECS; ++i)
+#pragma unroll
+        for (int j = 0; j < RowRegs<T, VECS>::N; ++j) s += squares ? r.v[i][j] * r.v[i][j] : r.v[i][j];
+    return s;
+}
+
+// ------------------------------------------------------------------ layer norm
+template <typename T>
+__global__ void layer_norm_twopass(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                   T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                   i64 rows, int n, float eps) {
+    __shared__ float scratch[32];
+    const T* p = x + (i64)blockIdx.x * n;
+    T* q = y + (i64)blockIdx.x * n;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += to_f32(p[i]);
+    const float mean = group_reduce<FSum>(s, blockDim.x, scratch) / n;
+    float m2 = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float d = to_f32(p[i]) - mean;
+        m2 += d * d;
+    }
+    const float rstd = rsqrtf(group_reduce<FSum>(m2, blockDim.x, scratch) / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = (to_f32(p[i]) - mean) * rstd;
+        if (w) v *= to_f32(w[i]);
+        if (b) v += to_f32(b[i]);
+        q[i] = from_f32<T>(v);
+    }
+    if (threadIdx.x == 0 && mean_out) {
+        mean_out[blockIdx.x] = mean;
+        rstd_out[blockIdx.x] = rstd;
+    }
+}
+
+template <typename T>
+__global__ void layer_norm_welford(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                   T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                   i64 rows, int n, float eps) {
+    __shared__ float scratch[96];
+    const T* p = x + (i64)blockIdx.x * n;
+    T* q = y + (i64)blockIdx.x * n;
+    Welford st = {0.f, 0.f, 0.f};
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = to_f32(p[i]);
+        st.n += 1.f;
+        const float d = v - st.mean;
+        st.mean += d / st.n;
+        st.m2 += d * (v - st.mean);
+    }
+    st = group_welford(st, blockDim.x, scratch);
+    const float mean = st.mean, rstd = rsqrtf(st.m2 / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = (to_f32(p[i]) - mean) * rstd;
+        if (w) v *= to_f32(w[i]);
+        if (b) v += to_f32(b[i]);
+        q[i] = from_f32<T>(v);
+    }
+    if (threadIdx.x == 0 && mean_out) {
+        mean_out[blockIdx.x] = mean;
+        rstd_out[blockIdx.x] = rstd;
+    }
+}
+
+template <typename T, int VECS>
+__global__ void __launch_bounds__(RowRegs<T, VECS>::MAX_THREADS)
+    layer_norm_fused(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+                     float* __restrict__ mean_out, float* __restrict__ rstd_out, i64 rows, int n, float eps,
+                     int G, int aligned) {
+    __shared__ float scratch[32];
+    const i64 row = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
+    const int t = threadIdx.x % G;
+    if (G == 32 && row >= rows) return;
+    RowRegs<T, VECS> r;
+    r.load(x + row * n, n, t, G, aligned, 0.f);
+    const float mean = group_reduce<FSum>(regs_sum(r, false), G, scratch) / n;
+    const float rstd = rsqrtf(group_reduce<FSum>(sq_dev_sum(r, n, t, G, mean), G, scratch) / n + eps);
+    affine_store(r, y + row * n, w, b, n, t, G, aligned, mean, rstd);
+    if (t == 0 && mean_out) {
+        mean_out[row] = mean;
+        rstd_out[row] = rstd;
+    }
+}
+
+template <typename T, int VECS, int CL>
+__global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_THREADS)
+    layer_norm_cluster(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+                       float* __restrict__ mean_out, float* __restrict__ rstd_out, i64 rows, int n, float eps,
+                       int chunk, int aligned) {
+#if CUOPS_HAS_CLUSTERS
+    __shared__ float scratch[32];
+    __shared__ float stats[3];  // this block's (count, mean, M2), read by the whole cluster
+    __shared__ float total[2];  // the row's mean and rstd
+    const i64 row = blockIdx.x / CL;
+    const int rank = blockIdx.x % CL;
+    const int begin = rank * chunk;
+    const int len = max(0, min(n, begin + chunk) - begin);
+    const int G = blockDim.x;
+    RowRegs<T, VECS> r;
+    r.load(x + row * n + begin, len, threadIdx.x, G, aligned, 0.f);
+    const float cnt = (float)len;
+    const float mean_b = len ? group_reduce<FSum>(regs_sum(r, false), G, scratch) / cnt : 0.f;
+    const float m2_b = group_reduce<FSum>(sq_dev_sum(r, len, threadIdx.x, G, mean_b), G, scratch);
+    if (threadIdx.x == 0) {
+        stats[0] = cnt;
+        stats[1] = mean_b;
+        stats[2] = m2_b;
+    }
+    cluster_sync();
+    if (threadIdx.x < 32) {
+        const unsigned lane = threadIdx.x;
+        Welford v = {0.f, 0.f, 0.f};
+        if (lane < CL) v = {ld_dsmem(&stats[0], lane), ld_dsmem(&stats[1], lane), ld_dsmem(&stats[2], lane)};
+        v = warp_welford(v);
+        if (lane == 0) {
+            total[0] = v.mean;
+            total[1] = rsqrtf(v.m2 / n + eps);
+        }
+    }
+    cluster_sync();  // also keeps every block's `stats` alive until all have read them
+    affine_store(r, y + row * n + begin, w ? w + begin : w, b ? b + begin : b, len, threadIdx.x, G, aligned,
+                 total[0], total[1]);
+    if (rank == 0 && threadIdx.x == 0 && mean_out) {
+        mean_out[row] = total[0];
+        rstd_out[row] = total[1];
+    }
+#else
+    __trap();  // launched only on sm_90 and newer
+#endif
+}
+
+// ------------------------------------------------------------------ RMS norm
+template <typename T>
+__global__ void rms_norm_twopass(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, i64 rows,
+                                 int n, float eps) {
+    __shared__ float scratch[32];
+    const T* p = x + (i64)blockIdx.x * n;
+    T* q = y + (i64)blockIdx.x * n;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = to_f32(p[i]);
+        s += v * v;
+    }
+    const float rstd = rsqrtf(group_reduce<FSum>(s, blockDim.x, scratch) / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = to_f32(p[i]) * rstd;
+        if (w) v *= to_f32(w[i]);
+        q[i] = from_f32<T>(v);
+    }
+}
+
+template <typename T, int VECS>
+__global__ void __launch_bounds__(RowRegs<T, VECS>::MAX_THREADS) rms_norm_fused(const T* __restrict__ x, const T* __restrict__ w,
+                                                       T* __restrict__ y, i64 rows, int n, float eps, int G,
+                                                       int aligned) {
+    __shared__ float scratch[32];
+    const i64 row = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
+    const int t = threadIdx.x % G;
+    if (G == 32 && row >= rows) return;
+    RowRegs<T, VECS> r;
+    r.load(x + row * n, n, t, G, aligned, 0.f);
+    const float rstd = rsqrtf(group_reduce<FSum>(regs_sum(r, true), G, scratch) / n + eps);
+    affine_store(r, y + row * n, w, (const T*)nullptr, n, t, G, aligned, 0.f, rstd);
+}
+
+template <typename T, int VECS, int CL>
+__global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_THREADS)
+    rms_norm_cluster(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, i64 rows, int n,
+                     float eps, int chunk, int aligned) {
+#if CUOPS_HAS_CLUSTERS
+    __shared__ float scratch[32];
+    __shared__ float stats[1];
+    __shared__ float total[1];
+    const i64 row = blockIdx.x / CL;
+    const int rank = blockIdx.x % CL;
+    const int begin = rank * chunk;
+    const int len = max(0, min(n, begin + chunk) - begin);
+    const int G = blockDim.x;
+    RowRegs<T, VECS> r;
+    r.load(x + row * n + begin, len, threadIdx.x, G, aligned, 0.f);
+    const float ss = group_reduce<FSum>(regs_sum(r, true), G, scratch);
+    if (threadIdx.x == 0) stats[0] = ss;
+    cluster_sync();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < CL ? ld_dsmem(&stats[0], threadIdx.x) : 0.f;
+        v = warp_reduce<FSum>(v);
+        if (threadIdx.x == 0) total[0] = rsqrtf(v / n + eps);
+    }
+    cluster_sync();
+    affine_store(r, y + row * n + begin, w ? w + begin : w, (const T*)nullptr, len, threadIdx.x, G, aligned, 0.f,
+                 total[0]);
+#else
+    __trap();  // launched only on sm_90 and newer
+#endif
+}

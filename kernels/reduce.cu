@@ -1,0 +1,169 @@
+// reduce.cu: trace, sum and max.
+//
+// Row reductions (sum/max over the last axis, and axis=None as one long row) share one
+// addressing scheme: R outer rows of n elements, each cut into S segments of L elements;
+// "virtual row" v = r * S + s reduces x[r * n + s * L, r * n + min(n, (s + 1) * L)).
+// S = 1 is a plain row reduction; S > 1 feeds a second pass over the (R, S) partials,
+// which keeps the GPU busy when there are few rows, without atomics (bitwise reproducible).
+//
+// The ladder, one line of why each:
+//   reduce_rows_naive   one thread per virtual row, a scalar loop: the textbook version;
+//                       neighbouring threads read addresses n apart, so nothing coalesces.
+//   reduce_rows_block   one 256-thread block per virtual row, strided scalar loads and a
+//                       shared-memory tree: coalesced, but 4-byte (or 2-byte) loads and a
+//                       __syncthreads per tree level.
+//   reduce_rows_vector  G threads per virtual row (a warp for short rows, a block for long
+//                       ones), 16-byte loads, UNROLL of them in flight per thread, warp
+//                       shuffles: what it takes to reach the copy bandwidth.
+//   reduce_strided      any other single axis: (outer, R, inner), one thread per output,
+//                       consecutive threads read consecutive inner elements.
+//   trace_naive / trace_block / trace_unrolled: one thread; one block with a tree;
+//                       one 1024-thread block with several loads in flight and shuffles.
+//                       A diagonal is only min(rows, cols) scattered elements, so a single
+//                       block in a single launch beats any multi-block scheme.
+#include "common.cuh"
+
+using namespace cuops;
+
+template <typename Tin, typename Tout, typename Op>
+__global__ void reduce_rows_naive(const Tin* __restrict__ x, Tout* __restrict__ y, i64 R, i64 n,
+                                  int S, i64 L) {
+    typedef typename AccOf<Op, Tout>::type A;
+    const i64 v = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (v >= R * S) return;
+    const i64 r = v / S, s = v % S;
+    const i64 begin = s * L, end = min(n, begin + L);
+    const Tin* p = x + r * n;
+    A acc = Op::template identity<A>();
+    for (i64 i = begin; i < end; ++i) acc = Op::apply(acc, to_acc<A>(p[i]));
+    y[v] = from_acc<Tout>(acc);
+}
+
+template <typename Tin, typename Tout, typename Op>
+__global__ void reduce_rows_block(const Tin* __restrict__ x, Tout* __restrict__ y, i64 R, i64 n,
+                                  int S, i64 L) {
+    typedef typename AccOf<Op, Tout>::type A;
+    __shared__ A tree[256];
+    const i64 v = blockIdx.x;
+    const i64 r = v / S, s = v % S;
+    const i64 begin = s * L, end = min(n, begin + L);
+    const Tin* p = x + r * n;
+    A acc = Op::template identity<A>();
+    for (i64 i = begin + threadIdx.x; i < end; i += 256) acc = Op::apply(acc, to_acc<A>(p[i]));
+    tree[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = 128; w > 0; w >>= 1) {
+        if (threadIdx.x < w) tree[threadIdx.x] = Op::apply(tree[threadIdx.x], tree[threadIdx.x + w]);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) y[v] = from_acc<Tout>(tree[0]);
+}
+
+// G threads per virtual row; blockDim.x / G rows per block (G = 32) or one (G = blockDim.x).
+// `aligned`: x is 16-byte aligned and every segment starts on a 16-byte boundary.
+template <typename Tin, typename Tout, typename Op>
+__global__ void reduce_rows_vector(const Tin* __restrict__ x, Tout* __restrict__ y, i64 R, i64 n,
+                                   int S, i64 L, int G, int aligned) {
+    typedef typename AccOf<Op, Tout>::type A;
+    constexpr int N = Vec<Tin>::N;
+    constexpr int UNROLL = 4;
+    __shared__ A scratch[32];
+    const int t = threadIdx.x % G;
+    const i64 v = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
+    const bool active = v < R * S;
+    A acc = Op::template identity<A>();
+    if (active) {
+        const i64 r = v / S, s = v % S;
+        const i64 begin = s * L, end = min(n, begin + L);
+        const Tin* p = x + r * n + begin;
+        const i64 len = end - begin;
+        if (aligned) {
+            const i64 nvec = len / N;
+            i64 i = t;
+            // UNROLL independent 16-byte loads in flight before any is used
+            for (; i + (UNROLL - 1) * G < nvec; i += UNROLL * G) {
+                A f[UNROLL][N];
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u) load_vec_acc(p + (i + u * G) * N, f[u]);
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+                    for (int j = 0; j < N; ++j) acc = Op::apply(acc, f[u][j]);
+            }
+            for (; i < nvec; i += G) {
+                A f[N];
+                load_vec_acc(p + i * N, f);
+#pragma unroll
+                for (int j = 0; j < N; ++j) acc = Op::apply(acc, f[j]);
+            }
+            for (i64 k = nvec * N + t; k < len; k += G) acc = Op::apply(acc, to_acc<A>(p[k]));
+        } else {
+            for (i64 k = t; k < len; k += G) acc = Op::apply(acc, to_acc<A>(p[k]));
+        }
+    }
+    if (G == 32) {
+        acc = warp_reduce<Op>(acc);
+    } else {
+        acc = group_reduce<Op>(acc, G, scratch);
+    }
+    if (active && t == 0) y[v] = from_acc<Tout>(acc);
+}
+
+// Reduce axis 1 of a contiguous (outer, R, inner) array into (outer, inner).
+template <typename Tin, typename Tout, typename Op>
+__global__ void reduce_strided(const Tin* __restrict__ x, Tout* __restrict__ y, i64 outer, i64 R,
+                               i64 inner) {
+    typedef typename AccOf<Op, Tout>::type A;
+    const i64 o = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= outer * inner) return;
+    const i64 a = o / inner, b = o % inner;
+    const Tin* p = x + a * R * inner + b;
+    A acc = Op::template identity<A>();
+    for (i64 k = 0; k < R; ++k) acc = Op::apply(acc, to_acc<A>(p[k * inner]));
+    y[o] = from_acc<Tout>(acc);
+}
+
+// ------------------------------------------------------------------- trace
+// Diagonal element i sits at x[i * stride] (stride = row stride + column stride, elements).
+template <typename Tin, typename Tout>
+__global__ void trace_naive(const Tin* __restrict__ x, Tout* __restrict__ y, i64 n, i64 stride) {
+    typedef typename AccOf<SumOp, Tout>::type A;
+    A acc = 0;
+    for (i64 i = 0; i < n; ++i) acc += to_acc<A>(x[i * stride]);
+    *y = from_acc<Tout>(acc);
+}
+
+template <typename Tin, typename Tout>
+__global__ void trace_block(const Tin* __restrict__ x, Tout* __restrict__ y, i64 n, i64 stride) {
+    typedef typename AccOf<SumOp, Tout>::type A;
+    __shared__ A tree[256];
+    A acc = 0;
+    for (i64 i = threadIdx.x; i < n; i += 256) acc += to_acc<A>(x[i * stride]);
+    tree[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = 128; w > 0; w >>= 1) {
+        if (threadIdx.x < w) tree[threadIdx.x] += tree[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *y = from_acc<Tout>(tree[0]);
+}
+
+template <typename Tin, typename Tout>
+__global__ void __launch_bounds__(1024) trace_unrolled(const Tin* __restrict__ x, Tout* __restrict__ y,
+                                                       i64 n, i64 stride) {
+    typedef typename AccOf<SumOp, Tout>::type A;
+    constexpr int UNROLL = 8;
+    __shared__ A scratch[32];
+    A acc = 0;
+    i64 i = threadIdx.x;
+    for (; i + (UNROLL - 1) * 1024 < n; i += UNROLL * 1024) {
+        Tin e[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) e[u] = x[(i + u * 1024) * stride];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) acc += to_acc<A>(e[u]);
+    }
+    for (; i < n; i += 1024) acc += to_acc<A>(x[i * stride]);
+    acc = group_reduce<SumOp>(acc, 1024, scratch);
+    if (threadIdx.x == 0) *y = from_acc<Tout>(acc);
+}

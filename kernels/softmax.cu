@@ -1,0 +1,166 @@
+// softmax.cu: softmax over the last axis of a (rows, n) array, y = exp(x - max) / sum.
+//
+// Bytes that must move: read x once, write y once (2 * rows * n * sizeof(T)). The ladder:
+//   softmax_naive    one block per row, three passes over global memory: max, sum of exp,
+//                    write. Reads x three times.
+//   softmax_online   one block per row; the max and the sum of exp come from ONE read pass
+//                    (a running sum rescaled whenever the max grows, "online softmax"),
+//                    then the write pass. Reads x twice; works for rows of any length, so
+//                    it is also the fallback of the rungs above it. 16-byte loads.
+//   softmax_fused    the row lives in registers: a warp per short row, a block per long
+//                    row, 16-byte loads all issued before the first use; max, exp, sum and
+//                    the scaled write all from registers. Reads once, writes once.
+//   softmax_cluster  (sm_90) a row too long for one block is spread over a cluster of CL
+//                    blocks on neighbouring SMs, each holding its chunk in registers; the
+//                    blocks swap their (max, sum) through distributed shared memory. Still
+//                    one read and one write, for rows up to CL x 1024 threads x registers.
+// An all -inf row gives NaN, as NumPy's exp(x - max) / sum does.
+#include "common.cuh"
+
+using namespace cuops;
+
+// Exp of x - m where a -inf maximum (an all -inf chunk) must not turn -inf - -inf into NaN
+// early: the chunk's values become 0 and its sum 0; the final 0 * (1 / 0) still gives NaN
+// for a row with no finite value, as NumPy does.
+__device__ __forceinline__ float safe_max(float m) { return m == -CUOPS_INF ? 0.f : m; }
+
+template <typename T>
+__global__ void softmax_naive(const T* __restrict__ x, T* __restrict__ y, i64 rows, int n) {
+    __shared__ float scratch[32];
+    const T* p = x + (i64)blockIdx.x * n;
+    T* q = y + (i64)blockIdx.x * n;
+    float m = -CUOPS_INF;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, to_f32(p[i]));
+    m = group_reduce<FMax>(m, blockDim.x, scratch);
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += expf(to_f32(p[i]) - m);
+    s = group_reduce<FSum>(s, blockDim.x, scratch);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) q[i] = from_f32<T>(expf(to_f32(p[i]) - m) / s);
+}
+
+template <typename T>
+__global__ void softmax_online(const T* __restrict__ x, T* __restrict__ y, i64 rows, int n, int aligned) {
+    constexpr int N = Vec<T>::N;
+    __shared__ float scratch[32];
+    const T* p = x + (i64)blockIdx.x * n;
+    T* q = y + (i64)blockIdx.x * n;
+    const int nvec = aligned ? n / N : 0;
+    MaxSum st = {-CUOPS_INF, 0.f};
+    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+        float f[N];
+        load_vec(p + i * N, f);
+        float m = f[0];
+#pragma unroll
+        for (int j = 1; j < N; ++j) m = fmaxf(m, f[j]);
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < N; ++j) s += __expf(f[j] - m);
+        st = combine(st, MaxSum{m, s});
+    }
+    for (int i = nvec * N + threadIdx.x; i < n; i += blockDim.x) st = combine(st, MaxSum{to_f32(p[i]), 1.f});
+    // block-wide combine: max first, then each thread rescales its sum to that max
+    const float m = group_reduce<FMax>(st.m, blockDim.x, scratch);
+    const float mine = (st.m == -CUOPS_INF) ? 0.f : st.s * __expf(st.m - m);
+    const float inv = 1.f / group_reduce<FSum>(mine, blockDim.x, scratch);
+    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+        float f[N];
+        load_vec(p + i * N, f);
+#pragma unroll
+        for (int j = 0; j < N; ++j) f[j] = __expf(f[j] - m) * inv;
+        store_vec(q + i * N, f);
+    }
+    for (int i = nvec * N + threadIdx.x; i < n; i += blockDim.x) q[i] = from_f32<T>(__expf(to_f32(p[i]) - m) * inv);
+}
+
+// Local part of the register-resident rungs: returns this group's (max, sum of exp) over
+// its chunk and leaves exp(x - max) in r.
+template <typename T, int VECS>
+__device__ __forceinline__ MaxSum softmax_chunk_stats(RowRegs<T, VECS>& r, int G, float* scratch) {
+    float m = -CUOPS_INF;
+#pragma unroll
+    for (int i = 0; i < VECS; ++i)
+#pragma unroll
+        for (int j = 0; j < RowRegs<T, VECS>::N; ++j) m = fmaxf(m, r.v[i][j]);
+    m = group_reduce<FMax>(m, G, scratch);
+    const float mu = safe_max(m);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < VECS; ++i)
+#pragma unroll
+        for (int j = 0; j < RowRegs<T, VECS>::N; ++j) {
+            r.v[i][j] = __expf(r.v[i][j] - mu);
+            s += r.v[i][j];
+        }
+    s = group_reduce<FSum>(s, G, scratch);
+    return {m, s};
+}
+
+template <typename T, int VECS>
+__device__ __forceinline__ void scale_regs(RowRegs<T, VECS>& r, float a) {
+#pragma unroll
+    for (int i = 0; i < VECS; ++i)
+#pragma unroll
+        for (int j = 0; j < RowRegs<T, VECS>::N; ++j) r.v[i][j] *= a;
+}
+
+// G threads per row: G = 32 puts blockDim.x / 32 rows in a block, else G = blockDim.x.
+template <typename T, int VECS>
+__global__ void __launch_bounds__(RowRegs<T, VECS>::MAX_THREADS) softmax_fused(const T* __restrict__ x, T* __restrict__ y,
+                                                      i64 rows, int n, int G, int aligned) {
+    __shared__ float scratch[32];
+    const i64 row = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
+    const int t = threadIdx.x % G;
+    if (G == 32 && row >= rows) return;  // whole warps only: G > 32 has one row per block
+    RowRegs<T, VECS> r;
+    r.load(x + row * n, n, t, G, aligned, -CUOPS_INF);
+    const MaxSum st = softmax_chunk_stats(r, G, scratch);
+    scale_regs(r, 1.f / st.s);
+    r.store(y + row * n, n, t, G, aligned);
+}
+
+// CL blocks per row; block `rank` owns elements [rank * chunk, (rank + 1) * chunk).
+template <typename T, int VECS, int CL>
+__global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_THREADS)
+    softmax_cluster(const T* __restrict__ x, T* __restrict__ y, i64 rows, int n, int chunk, int aligned) {
+#if CUOPS_HAS_CLUSTERS
+    __shared__ float scratch[32];
+    __shared__ float stats[2];  // this block's (max, sum), read by the whole cluster
+    __shared__ float total[2];  // the row's (max, sum)
+    const i64 row = blockIdx.x / CL;
+    const int rank = blockIdx.x % CL;
+    const int begin = rank * chunk;
+    const int len = max(0, min(n, begin + chunk) - begin);
+    const int G = blockDim.x;
+    RowRegs<T, VECS> r;
+    r.load(x + row * n + begin, len, threadIdx.x, G, aligned, -CUOPS_INF);
+    const MaxSum mine = softmax_chunk_stats(r, G, scratch);
+    if (threadIdx.x == 0) {
+        stats[0] = mine.m;
+        stats[1] = mine.s;
+    }
+    cluster_sync();
+    if (threadIdx.x < 32) {
+        const unsigned lane = threadIdx.x;
+        MaxSum v = {-CUOPS_INF, 0.f};
+        if (lane < CL) v = {ld_dsmem(&stats[0], lane), ld_dsmem(&stats[1], lane)};
+        // a butterfly: every lane ends with the same bits (the combine is commutative)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            MaxSum w = {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
+            v = combine(v, w);
+        }
+        if (lane == 0) {
+            total[0] = v.m;
+            total[1] = v.s;
+        }
+    }
+    cluster_sync();  // also keeps every block's `stats` alive until all have read them
+    // an all -inf row is NaN everywhere; an all -inf chunk of a finite row is 0
+    float a = __int_as_float(0x7fc00000);
+    if (total[0] != -CUOPS_INF) a = (mine.m == -CUOPS_INF) ? 0.f : __expf(mine.m - total[0]) / total[1];
+    scale_regs(r, a);
+    r.store(y + row * n + begin, len, threadIdx.x, G, aligned);
+#else
+    __trap();  // launched only on sm_90 and newer
+#endif
+}
