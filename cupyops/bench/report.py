@@ -1,0 +1,213 @@
+"""Turning result rows into numbers people compare: GB/s, % of the measured copy
+bandwidth, speedup over the best baseline; and into a text table, markdown and JSON.
+
+Pure Python (no CuPy): the CPU tests feed it fabricated rows.
+
+A row is a dict with at least: op, axis (-1, or None for all / trace), impl, kind
+("variant" | "auto" | "baseline"), dtype, shape ("16384x8192"), bytes, ms (None unless
+timed), rel_error, status ("ok" | "FAILED" | "skipped") and note (why, or None).
+"""
+import json
+import math
+
+# (title, row key, alignment) of the table columns, text and markdown alike.
+COLUMNS = (
+    ("op", "op", "<"),
+    ("axis", "axis", "<"),
+    ("impl", "impl", "<"),
+    ("dtype", "dtype", "<"),
+    ("shape", "shape", "<"),
+    ("ms", "ms", ">"),
+    ("GB/s", "gbps", ">"),
+    ("% copy", "pct_copy_bw", ">"),
+    ("vs best base", "speedup_vs_best_baseline", ">"),
+    ("rel err", "rel_error", ">"),
+    ("status", "status", "<"),
+)
+
+
+def case_key(row):
+    return (row["op"], row.get("axis"), row["dtype"], row["shape"])
+
+
+def finalize(rows, copy_gbps):
+    """New rows with gbps, pct_copy_bw, baseline (the fastest baseline of the same case)
+    and speedup_vs_best_baseline = baseline ms / this ms (> 1: this one is faster)."""
+    best = {}
+    for r in rows:
+        if r.get("kind") == "baseline" and r.get("status") == "ok" and r.get("ms"):
+            k = case_key(r)
+            if k not in best or r["ms"] < best[k]["ms"]:
+                best[k] = r
+    out = []
+    for r in rows:
+        r = dict(r)
+        ms = r.get("ms")
+        timed = r.get("status") == "ok" and ms
+        r["gbps"] = r["bytes"] / (ms * 1e-3) / 1e9 if timed else None
+        r["pct_copy_bw"] = 100.0 * r["gbps"] / copy_gbps if timed and copy_gbps else None
+        b = best.get(case_key(r))
+        r["baseline"] = b["impl"] if b else None
+        r["speedup_vs_best_baseline"] = b["ms"] / ms if (b and timed) else None
+        out.append(r)
+    return out
+
+
+def any_failed(rows):
+    """True when a cupyops variant (or impl='auto') failed: the run's exit status 1."""
+    return any(r.get("status") == "FAILED" and r.get("kind") != "baseline" for r in rows)
+
+
+# ----------------------------------------------------------------------------------
+# cells
+# ----------------------------------------------------------------------------------
+def axis_label(row):
+    if row["op"] == "trace":
+        return ""
+    return "all" if row.get("axis") is None else str(row["axis"])
+
+
+def _num(v, fmt):
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+
+def _ms(v):
+    if v is None:
+        return ""
+    return f"{v:.4f}" if v < 10 else f"{v:.1f}"
+
+
+def cells(row, note_width=60):
+    """The display strings of one row, in COLUMNS order."""
+    status = row.get("status", "")
+    if status != "ok" and row.get("note"):
+        note = " ".join(str(row["note"]).split())  # one line
+        if note_width and len(note) > note_width:
+            note = note[: note_width - 3] + "..."
+        status = f"{status}: {note}"
+    elif status == "ok" and row.get("note"):
+        status = f"ok ({row['note']})"
+    rel = row.get("rel_error")
+    rel_s = "" if rel is None else ("inf" if rel == math.inf else f"{rel:.1e}")
+    spd = row.get("speedup_vs_best_baseline")
+    return [
+        row["op"],
+        axis_label(row),
+        row["impl"],
+        row["dtype"],
+        row["shape"],
+        _ms(row.get("ms") if row.get("status") == "ok" else None),
+        _num(row.get("gbps"), ".0f"),
+        _num(row.get("pct_copy_bw"), ".1f"),
+        "" if spd is None else f"{spd:.2f}x",
+        rel_s,
+        status,
+    ]
+
+
+def format_table(rows, note_width=60):
+    """Fixed-width text table, a blank line between cases, a summary line at the end."""
+    titles = [c[0] for c in COLUMNS]
+    body = [cells(r, note_width) for r in rows]
+    widths = [max([len(t)] + [len(b[i]) for b in body]) for i, t in enumerate(titles)]
+    widths[-1] = len(titles[-1])  # the last column is free text: no padding
+
+    def line(vals):
+        parts = [format(v, f"{al}{w}") for v, w, (_, _, al) in zip(vals, widths, COLUMNS)]
+        return "  ".join(parts).rstrip()
+
+    lines = [line(titles), line(["-" * w for w in widths])]
+    prev = None
+    for r, b in zip(rows, body):
+        if prev is not None and case_key(r) != prev:
+            lines.append("")
+        prev = case_key(r)
+        lines.append(line(b))
+    lines.append(summary(rows))
+    return "\n".join(lines)
+
+
+def summary(rows):
+    counts = {}
+    for r in rows:
+        counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
+    parts = [f"{counts[s]} {s}" for s in ("ok", "FAILED", "skipped") if counts.get(s)]
+    return f"{len(rows)} rows: " + ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------------
+# header, markdown, JSON
+# ----------------------------------------------------------------------------------
+def header_lines(meta):
+    """What the numbers were measured on and how (printed above the table)."""
+    s = meta.get("settings", {})
+    l2 = meta.get("l2_bytes")
+    l2_s = f", L2 {l2 / 2**20:.0f} MiB" if l2 else ""
+    lines = [
+        f"cupyops-bench on {meta.get('device')} (cc {meta.get('cc')}{l2_s}), {meta.get('date')}",
+        f"cupy {meta.get('cupy')}, torch {meta.get('torch') or 'not available'}",
+    ]
+    bw = meta.get("copy_bandwidth_GBps")
+    if bw:
+        mib = s.get("copy_mib")
+        size = f" of {mib} MiB" if mib else ""
+        lines.append(f"copy bandwidth (device-to-device memcpy{size}, read + write): {bw:.0f} GB/s")
+    ho = meta.get("host_overhead_us") or {}
+    if ho:
+        parts = [f"{k.replace('_1x1024', '')} {v:.1f} us" for k, v in ho.items() if v is not None]
+        lines.append("host overhead per call, 1x1024 float32 softmax: " + ", ".join(parts))
+    if s:
+        lines.append(
+            f"timing: CUDA events, median of up to {s.get('repeats')} repeats after "
+            f"{s.get('warmup')} warm-up calls (fewer when a call is slow: "
+            f"{s.get('time_budget_s')} s per impl), L2 flushed by a "
+            f"{(s.get('flush_bytes') or 0) / 2**20:.0f} MiB write before each repeat"
+        )
+        lines.append(
+            "validation: float64 cupyops.reference before timing; out= poisoned with NaN; "
+            f"row-wise cases above {s.get('check_limit')} elements compare a row subset"
+        )
+    lines.append("bytes: each input read once, each output written once (trace: the diagonal "
+                 "elements only); vs best base = best baseline ms / this ms (> 1: faster)")
+    return lines
+
+
+def format_markdown(meta, rows):
+    titles = [c[0] for c in COLUMNS]
+    aligns = ["---:" if c[2] == ">" else "---" for c in COLUMNS]
+    out = ["# cupyops-bench results", ""]
+    out += [f"- {ln}" for ln in header_lines(meta)]
+    out += ["", "| " + " | ".join(titles) + " |", "|" + "|".join(aligns) + "|"]
+    for r in rows:
+        vals = [c.replace("|", "\\|") for c in cells(r, note_width=0)]
+        out.append("| " + " | ".join(vals) + " |")
+    out += ["", summary(rows), ""]
+    return "\n".join(out)
+
+
+def _clean(v):
+    """JSON has no NaN/Infinity: non-finite floats become null."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def to_json(meta, rows):
+    doc = dict(meta)
+    doc["results"] = rows
+    return json.dumps(_clean(doc), indent=1, allow_nan=False) + "\n"
+
+
+def format_plan(plan):
+    """The cases and impls a run would time (``--list``)."""
+    lines = []
+    for case, impls in plan:
+        names = [f"{i.name} (skipped)" if i.skip else i.name for i in impls]
+        lines.append(f"{case}: {', '.join(names)}")
+    n = sum(len([i for i in impls if not i.skip]) for _, impls in plan)
+    lines.append(f"{len(plan)} cases, {n} impl runs")
+    return "\n".join(lines)

@@ -1,0 +1,118 @@
+"""GPU timing: CUDA events around each call, L2 flushed between repeats, median of many.
+
+Everything runs on CuPy's current stream (the CLI puts PyTorch on the same stream), so an
+event pair brackets exactly the work of one call. CuPy is imported inside the functions:
+this module must import on a machine without it.
+"""
+import statistics
+import time
+from dataclasses import dataclass
+
+# The flush buffer is this many times the L2 size: writing 2x L2 already evicts
+# everything in theory; the margin covers L2 partitions and replacement-policy quirks
+# for a few tens of microseconds per repeat.
+FLUSH_FACTOR = 4
+
+
+class L2Flusher:
+    """Writes a buffer several times the L2 size, so each timed call starts from DRAM."""
+
+    def __init__(self, factor=FLUSH_FACTOR):
+        import cupy
+
+        dev = cupy.cuda.Device()
+        self.l2_bytes = int(cupy.cuda.runtime.getDeviceProperties(dev.id)["l2CacheSize"])
+        self.nbytes = max(factor * self.l2_bytes, 1 << 24)
+        self.buf = cupy.empty(self.nbytes, dtype=cupy.uint8)
+
+    def __call__(self):
+        # A zero fill is a cudaMemsetAsync on the current stream: cheap to issue, and it
+        # keeps the GPU busy while the host launches the next timed call.
+        self.buf.fill(0)
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    min_ms: float
+    repeats: int
+
+
+def _sync():
+    import cupy
+
+    cupy.cuda.get_current_stream().synchronize()
+
+
+def time_one(fn):
+    """Milliseconds of one call (no flush), by events; also serves as a warm-up call."""
+    import cupy
+
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end)
+
+
+def time_gpu(fn, *, repeats=50, warmup=5, flush=None, budget_s=2.0, min_repeats=3):
+    """Median event time of ``fn()`` over ``repeats`` calls, each after an L2 flush.
+
+    The first warm-up call is timed alone to size the rest: a textbook rung can take a
+    second per call, so repeats (and warm-up) shrink to fit ``budget_s`` per measurement,
+    never below ``min_repeats``. Compilation must already have happened (the CLI validates
+    every impl first, which runs it once)."""
+    import cupy
+
+    est_ms = time_one(fn)
+    if (warmup - 1) * est_ms < 250.0 * budget_s:  # warm-up may use a quarter of the budget
+        for _ in range(warmup - 1):
+            fn()
+    n = max(min_repeats, min(repeats, int(budget_s * 1e3 / max(est_ms, 1e-3))))
+    starts = [cupy.cuda.Event() for _ in range(n)]
+    ends = [cupy.cuda.Event() for _ in range(n)]
+    _sync()
+    # All repeats are queued back to back and read after one synchronisation: the host
+    # never stalls the GPU between repeats, and the flush hides the launch latency.
+    for s, e in zip(starts, ends):
+        if flush is not None:
+            flush()
+        s.record()
+        fn()
+        e.record()
+    ends[-1].synchronize()
+    times = [cupy.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends)]
+    return Timing(statistics.median(times), min(times), n)
+
+
+def copy_bandwidth(nbytes=1 << 30, *, repeats=20, warmup=3, flush=None):
+    """Device-to-device cudaMemcpyAsync of ``nbytes``, timed like the cases. Returns
+    GB/s counting bytes read + bytes written (2 * nbytes), the same way the cases count."""
+    import cupy
+
+    src = cupy.empty(nbytes, dtype=cupy.uint8)
+    src.fill(1)  # touch the pages so the first copy does not pay for mapping them
+    dst = cupy.empty_like(src)
+
+    def copy():
+        dst.data.copy_from_device_async(src.data, nbytes)
+
+    t = time_gpu(copy, repeats=repeats, warmup=warmup, flush=flush, budget_s=10.0)
+    del src, dst
+    return 2 * nbytes / (t.median_ms * 1e-3) / 1e9
+
+
+def host_overhead_us(fn, *, calls=2000, warmup=50):
+    """CPU microseconds per call of ``fn`` issued back to back (the GPU work is tiny, so
+    this is the Python + launch cost a user pays per call). The final synchronisation is
+    outside the clock: only the host side is measured."""
+    for _ in range(warmup):
+        fn()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    _sync()
+    return (t1 - t0) / calls * 1e6

@@ -1,0 +1,85 @@
+"""CPU tier: every kernel file compiles with NVRTC, no GPU needed, for every dtype each
+operator claims, for sm_80 and sm_90, with no register spills (ptxas verbose log)."""
+import pytest
+
+from cupyops import CompileError, _dtypes, _kernels, _nvrtc
+from cupyops.ops import OPS, kernel_files
+
+ARCHS = ("sm_80", "sm_90")
+
+try:
+    _nvrtc.find_libnvrtc()
+    _nvrtc.find_cuda_include()
+    _missing = None
+except _nvrtc.NvrtcUnavailable as exc:  # pragma: no cover - the test extra installs both
+    _missing = str(exc)
+
+pytestmark = pytest.mark.skipif(_missing is not None, reason=f"NVRTC unavailable: {_missing}")
+
+FILES = {kf.filename: kf for kf in kernel_files()}
+
+
+@pytest.fixture(scope="module", params=[(f, a) for f in FILES for a in ARCHS], ids=lambda p: f"{p[0]}-{p[1]}")
+def compiled(request):
+    filename, arch = request.param
+    kf = FILES[filename]
+    return kf, _nvrtc.compile_file(filename, kf.name_expressions, arch)
+
+
+def test_every_instantiation_is_in_the_cubin(compiled):
+    kf, res = compiled
+    assert res.cubin_size > 0
+    assert set(res.lowered) == set(kf.name_expressions)
+    missing = [ne for ne in kf.name_expressions if res.lowered[ne] not in res.resources]
+    assert not missing, f"ptxas reported nothing for {missing[:3]}"
+
+
+def test_no_spills(compiled):
+    kf, res = compiled
+    spilled = {
+        ne: res.resources_of(ne)
+        for ne in kf.name_expressions
+        if res.resources_of(ne).spill_stores or res.resources_of(ne).spill_loads
+        or res.resources_of(ne).stack_bytes
+    }
+    assert not spilled, f"{kf.filename} {res.arch}: spills in {spilled}"
+
+
+def test_no_warnings(compiled):
+    _, res = compiled
+    warnings = [ln for ln in res.log.splitlines() if "warning" in ln.lower()]
+    assert not warnings, "\n".join(warnings)
+
+
+@pytest.mark.parametrize("dtype", _dtypes.FLOAT_TYPES)
+@pytest.mark.parametrize("op", ["softmax", "layer_norm", "rms_norm"])
+def test_float_ops_instantiate_every_float_dtype(op, dtype):
+    exprs = " ".join(ne for kf in kernel_files(op) for ne in kf.name_expressions)
+    assert _dtypes.cuda_type(dtype) in exprs
+
+
+@pytest.mark.parametrize("dtype", _dtypes.REDUCE_TYPES)
+def test_reductions_instantiate_every_dtype(dtype):
+    exprs = kernel_files("sum")[0].name_expressions
+    t = _dtypes.cuda_type(dtype)
+    for k in ("reduce_rows_naive", "reduce_rows_block", "reduce_rows_vector", "reduce_strided", "trace_unrolled"):
+        assert any(ne.startswith(f"{k}<{t},") for ne in exprs), (k, t)
+
+
+def test_compile_error_names_file_and_line(tmp_path, monkeypatch):
+    (tmp_path / "broken.cu").write_text('#include "common.cuh"\n__global__ void k() { undefined_name(); }\n')
+    (tmp_path / "common.cuh").write_text((_kernels.kernel_dir() / "common.cuh").read_text())
+    monkeypatch.setattr(_kernels, "kernel_dir", lambda: tmp_path)
+    _kernels.kernel_source.cache_clear()
+    try:
+        with pytest.raises(CompileError) as info:
+            _nvrtc.compile_file("broken.cu", ["k"], "sm_90")
+    finally:
+        _kernels.kernel_source.cache_clear()
+    assert info.value.filename == "broken.cu"
+    assert "broken.cu(2)" in info.value.log and "undefined_name" in info.value.log
+
+
+def test_all_ops_have_kernel_files():
+    for op in OPS:
+        assert kernel_files(op)

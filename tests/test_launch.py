@@ -1,0 +1,76 @@
+"""CPU tier: launch geometry, register-row plans, split plans, shared-memory sizing."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cupyops import _launch
+from cupyops.ops import reduce
+
+H100 = _launch.DeviceProps("H100", 90, 132, 2048, 227 * 1024, 228 * 1024, 50 * 2**20)
+
+
+@given(n=st.integers(1, 1 << 16), dtype=st.sampled_from(["float32", "float16", "bfloat16"]))
+@settings(max_examples=300, deadline=None)
+def test_fused_row_plan_covers_the_row(n, dtype):
+    plan = _launch.fused_row_plan(n, dtype)
+    vec = 4 if dtype == "float32" else 8
+    if plan is None:
+        assert n > 512 * 32  # the largest register row: 512 threads x 32 floats
+        return
+    vecs, g = plan
+    assert vecs in _launch.ROW_VECS[dtype]
+    assert g & (g - 1) == 0 and 32 <= g <= _launch.row_max_threads(vecs, dtype)
+    assert g * vecs * vec >= n
+
+
+@given(n=st.integers(16385, 1 << 20), dtype=st.sampled_from(["float32", "float16", "bfloat16"]))
+@settings(max_examples=300, deadline=None)
+def test_cluster_row_plan_covers_the_row(n, dtype):
+    plan = _launch.cluster_row_plan(n, dtype)
+    vec = 4 if dtype == "float32" else 8
+    if plan is None:
+        assert n > 8 * 512 * 32
+        return
+    vecs, cl, g, chunk = plan
+    assert cl in _launch.CLUSTER_SIZES and chunk % vec == 0
+    assert cl * chunk >= n and (cl - 1) * chunk < n + cl * vec
+    assert g * vecs * vec >= chunk and g <= _launch.row_max_threads(vecs, dtype)
+
+
+def test_long_rows_of_the_acceptance_shapes_fit_a_cluster():
+    for dtype in ("float32", "float16", "bfloat16"):
+        assert _launch.fused_row_plan(131072, dtype) is None
+        assert _launch.cluster_row_plan(131072, dtype) is not None
+        assert _launch.fused_row_plan(8192, dtype) is not None
+
+
+@given(R=st.integers(1, 100000), n=st.integers(1, 1 << 26), impl=st.sampled_from(["naive", "block", "vector"]))
+@settings(max_examples=300, deadline=None)
+def test_split_plan_covers_rows(R, n, impl):
+    S, L = reduce.split_plan(R, n, 132, impl, 4)
+    assert S >= 1 and L >= 1
+    assert S * L >= n and (S - 1) * L < n  # every segment non-empty
+    if S > 1:
+        assert L % 4 == 0
+
+
+def test_vector_group():
+    assert reduce.vector_group(17) == 32
+    assert reduce.vector_group(8192) == 256
+    assert reduce.vector_group(131072) == 1024
+
+
+def test_check_smem():
+    _launch.check_smem(227 * 1024, H100, "k")
+    with pytest.raises(ValueError, match="needs 300000 bytes of shared memory per block; H100 allows at most"):
+        _launch.check_smem(300000, H100, "k")
+
+
+def test_cdiv_and_pow2():
+    assert _launch.cdiv(10, 3) == 4 and _launch.cdiv(9, 3) == 3
+    assert [_launch.pow2_ceil(v) for v in (1, 2, 3, 33, 1024)] == [1, 2, 4, 64, 1024]
+
+
+def test_grid_stride_blocks():
+    assert _launch.grid_stride_blocks(10, 256, H100) == 1
+    assert _launch.grid_stride_blocks(10**9, 256, H100) == 132 * 4

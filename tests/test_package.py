@@ -1,0 +1,58 @@
+"""CPU tier: packaging, import cost, source inlining, variant tables."""
+import subprocess
+import sys
+
+import pytest
+
+import cupyops
+from cupyops import _kernels
+
+
+def test_import_is_cheap_and_lazy():
+    code = (
+        "import time, sys; t = time.perf_counter(); import cupyops; "
+        "dt = time.perf_counter() - t; print(dt, 'cupy' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    dt, cupy_loaded = out.split()
+    assert float(dt) < 0.3, f"import cupyops took {dt} s"
+    assert cupy_loaded == "False", "import cupyops must not import CuPy"
+
+
+def test_kernel_sources_are_package_data():
+    d = _kernels.kernel_dir()
+    for name in ("common.cuh", "reduce.cu", "softmax.cu", "norm.cu"):
+        assert (d / name).is_file(), name
+
+
+def test_includes_are_inlined_with_line_markers():
+    src = _kernels.kernel_source("softmax.cu")
+    assert '#include "common.cuh"' not in src
+    assert '#line 1 "common.cuh"' in src and '#line 1 "softmax.cu"' in src
+    assert "struct MaxSum" in src  # the header's text is part of the source, so of CuPy's cache key
+
+
+def test_template_name():
+    assert _kernels.template_name("k") == "k"
+    assert _kernels.template_name("softmax_fused", "__half", 4) == "softmax_fused<__half, 4>"
+
+
+@pytest.mark.parametrize("op", cupyops.OPS)
+def test_variants_ladder(op):
+    ladder = cupyops.variants(op)
+    assert len(ladder) >= 2
+    assert all(isinstance(v, str) and v for v in ladder.values())
+    assert "auto" not in ladder
+
+
+def test_variants_unknown_op():
+    with pytest.raises(ValueError, match="op: unknown operator 'conv'"):
+        cupyops.variants("conv")
+
+
+def test_name_expressions_are_unique_and_known_kernels():
+    for kf in _kernels.KernelFile.registry.values():
+        assert len(kf.name_expressions) == len(set(kf.name_expressions))
+        src = _kernels.kernel_source(kf.filename)
+        for ne in kf.name_expressions:
+            assert f" {ne.split('<')[0]}(" in src.replace("\n", " "), ne
