@@ -67,8 +67,14 @@ def axis_label(row):
     return "all" if row.get("axis") is None else str(row["axis"])
 
 
-def _num(v, fmt):
-    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+def _num(v):
+    """Three significant digits for small values (trace moves a few KB), whole numbers
+    from 100 up."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return ""
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
 
 
 def _ms(v):
@@ -97,8 +103,8 @@ def cells(row, note_width=60):
         row["dtype"],
         row["shape"],
         _ms(row.get("ms") if row.get("status") == "ok" else None),
-        _num(row.get("gbps"), ".0f"),
-        _num(row.get("pct_copy_bw"), ".1f"),
+        _num(row.get("gbps")),
+        _num(row.get("pct_copy_bw")),
         "" if spd is None else f"{spd:.2f}x",
         rel_s,
         status,
@@ -138,6 +144,11 @@ def summary(rows):
 # ----------------------------------------------------------------------------------
 # header, markdown, JSON
 # ----------------------------------------------------------------------------------
+# host_overhead_us keys -> who was measured
+HOST_LABELS = {"softmax_1x1024": "cupyops", "cupy_softmax_1x1024": "cupyx",
+               "torch_softmax_1x1024": "torch"}
+
+
 def header_lines(meta):
     """What the numbers were measured on and how (printed above the table)."""
     s = meta.get("settings", {})
@@ -154,7 +165,8 @@ def header_lines(meta):
         lines.append(f"copy bandwidth (device-to-device memcpy{size}, read + write): {bw:.0f} GB/s")
     ho = meta.get("host_overhead_us") or {}
     if ho:
-        parts = [f"{k.replace('_1x1024', '')} {v:.1f} us" for k, v in ho.items() if v is not None]
+        parts = [f"{HOST_LABELS.get(k, k)} {'failed' if v is None else f'{v:.1f} us'}"
+                 for k, v in ho.items()]
         lines.append("host overhead per call, 1x1024 float32 softmax: " + ", ".join(parts))
     if s:
         lines.append(

@@ -1,0 +1,51 @@
+"""Cold NVRTC compile time of each kernel file (empty CuPy cache) and the time a new
+process takes to load each compiled module from the warm disk cache.
+
+    python benchmarks/compile_times.py [--json PATH]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+CHILD = r"""
+import json, sys, time
+import cupy
+cupy.cuda.runtime.getDevice()
+cupy.empty(1)  # context creation stays out of the numbers
+from cupyops.ops import kernel_files
+times = {}
+for kf in kernel_files():
+    t = time.perf_counter()
+    kf.compile()
+    times[kf.filename] = time.perf_counter() - t
+print(json.dumps(times))
+"""
+
+
+def run_child(cache_dir):
+    env = dict(os.environ, CUPY_CACHE_DIR=cache_dir)
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as cache:
+        cold = run_child(cache)
+        warm = run_child(cache)
+    rows = [{"file": f, "cold_s": round(cold[f], 3), "warm_load_ms": round(warm[f] * 1e3, 2)} for f in cold]
+    for r in rows:
+        print(f"{r['file']:12s} cold compile {r['cold_s']:7.2f} s   warm-cache load {r['warm_load_ms']:7.2f} ms")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+"""The command-line benchmark of cupyops (``cupyops-bench`` or ``python -m cupyops.bench``).
+
+Modules, each small:
+  cases    what to run: options parsing, suites, the plan, bytes per case (pure Python)
+  timing   CUDA-event timing with L2 flushes, copy bandwidth, host overhead per call
+  runners  inputs, cupyops and baseline calls, validation against cupyops.reference
+  report   GB/s, % of copy bandwidth, speedups; text table, markdown, JSON (pure Python)
+  cli      the argument parser and the run itself
+
+Importing this package (or ``cli``) never imports CuPy or PyTorch: ``--help`` and the CPU
+tests work on machines without a GPU.
+"""
+
+
+def main(argv=None):
+    from .cli import main as _main
+
+    return _main(argv)

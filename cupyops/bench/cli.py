@@ -1,0 +1,343 @@
+"""``cupyops-bench`` / ``python -m cupyops.bench``: validate every variant of each op against
+the float64 reference, then time it next to CuPy and PyTorch on the same data.
+
+Everything that does not need a GPU (options, the plan, bytes, formatting) happens before
+CuPy is imported, so ``--help`` and bad options work on any machine. Progress goes to
+stderr as the run goes; the header and the table come last on stdout.
+"""
+import argparse
+import contextlib
+import datetime
+import sys
+import time
+from pathlib import Path
+
+from . import cases, report
+
+EPILOG = """\
+examples:
+  cupyops-bench                                  quick suite, every op (< 1 min)
+  cupyops-bench --suite full --json r.json --md r.md
+  cupyops-bench --op softmax --dtype bf16 --shape 16384x8192,65536x1024
+  cupyops-bench --op sum --axis none --impl cupy,torch,auto
+  cupyops-bench --list                           show what would run
+exit status: 0 when every cupyops variant passed validation, 1 if one FAILED, 2 on bad options.
+"""
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="cupyops-bench",
+        description="Validate and time cupyops' kernel variants against CuPy and PyTorch.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sel = p.add_argument_group("what to run")
+    sel.add_argument("--op", action="append", metavar="OPS",
+                     help=f"ops, repeatable or comma list (default all: {', '.join(cases.OPS)})")
+    sel.add_argument("--impl", action="append", metavar="IMPLS",
+                     help="impls, comma list: variant names, 'auto', 'cupy', 'torch' "
+                          "(default every variant plus the baselines)")
+    sel.add_argument("--dtype", action="append", metavar="DTYPES",
+                     help="float32,float16,bfloat16 (trace/sum/max also float64,int32,int64); "
+                          "default from the suite")
+    sel.add_argument("--shape", action="append", metavar="SHAPES",
+                     help="e.g. 16384x8192, repeatable or comma list; default from the suite")
+    sel.add_argument("--axis", action="append", metavar="AXES",
+                     help="sum/max reduction axes: -1 and/or none (default sum: -1,none; max: -1)")
+    sel.add_argument("--suite", choices=list(cases.SUITES),
+                     help="quick (default): 4096x4096 float32+bfloat16, under a minute; "
+                          "full: the acceptance shapes 16384x8192, 65536x1024, 1024x131072 "
+                          "in float32, float16, bfloat16 (trace: 5977x7890 float32)")
+    sel.add_argument("--no-baselines", action="store_true", help="time cupyops only")
+    sel.add_argument("--skip-slow", action=argparse.BooleanOptionalAction, default=None,
+                     help="skip textbook rungs on shapes above --slow-limit elements "
+                          "(default: on for the full suite, off otherwise)")
+    sel.add_argument("--slow-limit", type=int, default=cases.SLOW_LIMIT, metavar="N",
+                     help="element count above which --skip-slow applies (default 2^24)")
+    sel.add_argument("--list", action="store_true", help="print the plan and exit")
+
+    tim = p.add_argument_group("how to measure")
+    tim.add_argument("--repeats", type=int, default=50, metavar="N",
+                     help="timed repeats per impl, median reported (default 50)")
+    tim.add_argument("--warmup", type=int, default=5, metavar="N",
+                     help="untimed calls before timing (default 5)")
+    tim.add_argument("--time-budget", type=float, default=2.0, metavar="S",
+                     help="seconds of timed calls per impl at most; slow rungs get fewer "
+                          "repeats, never under 3 (default 2)")
+    tim.add_argument("--check-limit", type=int, default=cases.CHECK_LIMIT, metavar="N",
+                     help="validate row-wise cases above N elements on a subset of rows; "
+                          "0 checks every row (default 2^22)")
+    tim.add_argument("--copy-mib", type=int, default=1024, metavar="MIB",
+                     help="size of the device copy that measures bandwidth (default 1024)")
+    tim.add_argument("--host-calls", type=int, default=2000, metavar="N",
+                     help="back-to-back calls of the host-overhead measure (default 2000)")
+    tim.add_argument("--seed", type=int, default=0, help="random input seed (default 0)")
+
+    out = p.add_argument_group("output")
+    out.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    out.add_argument("--md", metavar="PATH", help="write the results as a markdown table")
+    return p
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def load_variants(ops):
+    """{op: [impl names in ladder order]} from cupyops (no GPU needed)."""
+    import cupyops
+
+    return {op: list(cupyops.variants(op)) for op in ops}
+
+
+def make_plan(args, parser, variants_loader=None):
+    """Options -> (plan, settings). Every mistake is a usage error (exit status 2)."""
+    try:
+        ops = cases.parse_ops(args.op)
+        dtypes = cases.parse_dtypes(args.dtype, ops)
+        shapes = cases.parse_shapes(args.shape)
+        axes = cases.parse_axes(args.axis)
+        suite = args.suite or "quick"
+        case_list = cases.expand_cases(ops, suite, dtypes, shapes, axes)
+        requested = cases.split_list(args.impl)
+        for name, v in (("--repeats", args.repeats), ("--copy-mib", args.copy_mib),
+                        ("--host-calls", args.host_calls)):
+            if v < 1:
+                raise ValueError(f"{name}: must be at least 1, got {v}")
+        if args.warmup < 0 or args.check_limit < 0:
+            raise ValueError("--warmup and --check-limit must not be negative")
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        variants = (variants_loader or load_variants)(ops)
+    except Exception as exc:  # cupyops itself broken or incomplete
+        parser.exit(2, f"cupyops-bench: cannot read cupyops.variants(): {exc}\n")
+    try:
+        cases.check_impl_names(requested, variants, ops)
+    except ValueError as exc:
+        parser.error(str(exc))
+    skip_slow = args.skip_slow if args.skip_slow is not None else suite == "full"
+    plan = cases.build_plan(case_list, variants, requested, not args.no_baselines,
+                            skip_slow, args.slow_limit)
+    if not plan:
+        parser.error("nothing to run: no impl left for the selected ops (check --impl and "
+                     "--no-baselines)")
+    settings = {
+        "suite": suite, "repeats": args.repeats, "warmup": args.warmup,
+        "time_budget_s": args.time_budget, "check_limit": args.check_limit,
+        "skip_slow": skip_slow, "slow_limit": args.slow_limit, "seed": args.seed,
+        "copy_mib": args.copy_mib, "host_calls": args.host_calls,
+    }
+    return plan, settings
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    plan, settings = make_plan(args, parser)
+    if args.list:
+        print(report.format_plan(plan))
+        return 0
+    return run(args, plan, settings)
+
+
+# ----------------------------------------------------------------------------------
+# the GPU run
+# ----------------------------------------------------------------------------------
+def torch_cuda():
+    """PyTorch when it imports and sees a GPU, else None (its baselines are then left out)."""
+    try:
+        import torch
+    except Exception:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def torch_on_stream(torch, stream):
+    """Run PyTorch on CuPy's stream, so CuPy's events bracket PyTorch's kernels too."""
+    if torch is None:
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr))
+
+
+def run(args, plan, settings):
+    import cupy
+
+    from . import timing
+
+    t_start = time.perf_counter()
+    torch = torch_cuda()
+    if torch is None:
+        plan = [(c, [i for i in impls if i.name != "torch"]) for c, impls in plan]
+        log("PyTorch with CUDA not available: no torch baselines")
+    dev = cupy.cuda.Device()
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+
+    stream = cupy.cuda.Stream()
+    rows = []
+    with stream, torch_on_stream(torch, stream):
+        flush = timing.L2Flusher()
+        settings["flush_bytes"] = flush.nbytes
+        log(f"{name}: measuring copy bandwidth ({args.copy_mib} MiB device-to-device)")
+        copy_bw = timing.copy_bandwidth(args.copy_mib << 20, flush=flush)
+        log(f"  copy bandwidth {copy_bw:.0f} GB/s (read + write)")
+        host = host_overheads(args.host_calls, torch)
+        n_runs = sum(1 for _, impls in plan for i in impls if not i.skip)
+        log(f"{len(plan)} cases, {n_runs} impl runs")
+        for k, (case, impls) in enumerate(plan, 1):
+            log(f"[{k}/{len(plan)}] {case}  ({cases.bytes_moved(case) / 1e6:.1f} MB to move)")
+            rows += run_case(case, impls, args, flush, torch)
+            cupy.get_default_memory_pool().free_all_blocks()
+            if torch is not None:
+                torch.cuda.empty_cache()
+        del flush
+
+    rows = report.finalize(rows, copy_bw)
+    meta = {
+        "device": name,
+        "cc": f"{props['major']}.{props['minor']}",
+        "l2_bytes": int(props["l2CacheSize"]),
+        "cupy": cupy.__version__,
+        "torch": torch.__version__ if torch is not None else None,
+        "copy_bandwidth_GBps": copy_bw,
+        "host_overhead_us": host,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "settings": settings,
+    }
+    write_outputs(args, meta, rows)
+    log(f"done in {time.perf_counter() - t_start:.1f} s")
+    print("\n".join(report.header_lines(meta)))
+    print()
+    print(report.format_table(rows), flush=True)
+    return 1 if report.any_failed(rows) else 0
+
+
+def write_outputs(args, meta, rows):
+    for path, text in ((args.json, lambda: report.to_json(meta, rows)),
+                       (args.md, lambda: report.format_markdown(meta, rows))):
+        if path:
+            p = Path(path)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text())
+            log(f"wrote {p}")
+
+
+def host_overheads(calls, torch):
+    """Microseconds of host time per softmax call on a 1x1024 float32 row (acceptance:
+    cupyops <= 15 us). A library that fails here gets None, not a crashed run."""
+    import cupy
+
+    import cupyops
+
+    from . import timing
+
+    x = cupy.random.RandomState(0).standard_normal((1, 1024), dtype=cupy.float32)
+    fns = {"softmax_1x1024": lambda: cupyops.softmax(x)}
+    try:
+        from cupyx.scipy.special import softmax as cupyx_softmax
+
+        fns["cupy_softmax_1x1024"] = lambda: cupyx_softmax(x, axis=-1)
+    except ImportError:
+        pass
+    if torch is not None:
+        t = torch.from_dlpack(x)
+        fns["torch_softmax_1x1024"] = lambda: torch.softmax(t, -1)
+    out = {}
+    for key, fn in fns.items():
+        try:
+            out[key] = timing.host_overhead_us(fn, calls=calls)
+            log(f"  host overhead {key}: {out[key]:.1f} us/call")
+        except Exception as exc:
+            out[key] = None
+            log(f"  host overhead {key}: failed ({type(exc).__name__}: {exc})")
+    return out
+
+
+def run_case(case, impls, args, flush, torch):
+    """Rows for every impl of one case, in plan order."""
+    from . import runners
+
+    base = {"op": case.op, "axis": None if case.op == "trace" else case.axis,
+            "dtype": case.dtype, "shape": case.shape_str, "bytes": cases.bytes_moved(case)}
+
+    def row(impl, status="ok", note=None, **kw):
+        r = {**base, "impl": impl.name, "kind": impl.kind, "ms": None, "ms_min": None,
+             "repeats": None, "rel_error": None, "tolerance": None}
+        r.update(kw, status=status, note=note)
+        return r
+
+    try:
+        data = runners.prepare(case, seed=args.seed, check_limit=args.check_limit)
+    except Exception as exc:  # no input or no reference: nothing of this case can pass
+        note = f"setup: {type(exc).__name__}: {exc}"
+        log(f"  FAILED {note}")
+        return [row(i, "FAILED", note) for i in impls]
+
+    rows = []
+    for impl in impls:
+        t0 = time.perf_counter()
+        if impl.skip:
+            r = row(impl, "skipped", impl.skip)
+        elif impl.kind == "baseline":
+            r = run_baseline(data, impl, args, flush, torch, row)
+        else:
+            r = run_variant(data, impl, args, flush, row)
+        rows.append(r)
+        log(progress_line(r, time.perf_counter() - t0))
+    return rows
+
+
+def run_variant(data, impl, args, flush, row):
+    """Validate, then time, one cupyops impl. An argument error raised by the first call
+    means the variant does not take this dtype/shape: skipped, not FAILED."""
+    from . import runners, timing
+
+    call = runners.cupyops_call(data, impl.name)
+    try:
+        call()  # the first call compiles
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        return row(impl, "skipped", f"unsupported: {type(exc).__name__}: {exc}")
+    except Exception as exc:
+        return row(impl, "FAILED", f"{type(exc).__name__}: {exc}")
+    try:
+        err, failure = runners.validate_cupyops(data, call)
+    except Exception as exc:
+        return row(impl, "FAILED", f"validation: {type(exc).__name__}: {exc}", tolerance=data.tol)
+    if failure:
+        return row(impl, "FAILED", failure, rel_error=err, tolerance=data.tol)
+    try:
+        t = timing.time_gpu(call, repeats=args.repeats, warmup=args.warmup, flush=flush,
+                            budget_s=args.time_budget)
+    except Exception as exc:
+        return row(impl, "FAILED", f"timing: {type(exc).__name__}: {exc}", rel_error=err,
+                   tolerance=data.tol)
+    return row(impl, ms=t.median_ms, ms_min=t.min_ms, repeats=t.repeats, rel_error=err,
+               tolerance=data.tol)
+
+
+def run_baseline(data, impl, args, flush, torch, row):
+    """Time a vendor baseline; its error is reported, a miss only noted."""
+    from . import runners, timing
+
+    try:
+        fn = runners.baseline_call(data, impl.name, torch)
+        err = runners.check(data, fn())
+        t = timing.time_gpu(fn, repeats=args.repeats, warmup=args.warmup, flush=flush,
+                            budget_s=args.time_budget)
+    except Exception as exc:
+        return row(impl, "skipped", f"unsupported: {type(exc).__name__}: {exc}")
+    note = None if err <= data.tol else "rel_error above tolerance"
+    return row(impl, note=note, ms=t.median_ms, ms_min=t.min_ms, repeats=t.repeats,
+               rel_error=err, tolerance=data.tol)
+
+
+def progress_line(r, wall_s):
+    head = f"    {r['impl']:<18}"
+    if r["status"] == "ok":
+        gbps = r["bytes"] / (r["ms"] * 1e-3) / 1e9
+        return (f"{head}{r['ms']:10.4f} ms {gbps:8.0f} GB/s  rel_err {r['rel_error']:.1e}  "
+                f"[{wall_s:.1f} s]")
+    return f"{head}{r['status']}: {r['note']}  [{wall_s:.1f} s]"
