@@ -12,5 +12,6 @@ if [[ $what == all || $what == pytest ]]; then
 fi
 if [[ $what == all || $what == bench ]]; then
   python3 benchmarks/compile_times.py --json "$OUT/compile_times.json"
+  python3 benchmarks/host_overhead.py | tee "$OUT/host_overhead.txt"
   cupyops-bench "$@" --json "$OUT/bench.json" --md "$OUT/bench.md" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.txt"
 fi

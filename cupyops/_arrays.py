@@ -110,10 +110,21 @@ def check_out(out, x, shape, dtype, name="out"):
 
 
 def _shares_memory_with(out, x):
-    lo, hi = out.data.ptr, out.data.ptr + out.nbytes
-    xlo = x.data.ptr
-    xhi = xlo + x.nbytes
-    return lo < xhi and xlo < hi
+    """Whether the byte ranges spanned by two CuPy arrays overlap (strides may be negative:
+    data.ptr is the first element, not the lowest address)."""
+    return _extent(out)[0] < _extent(x)[1] and _extent(x)[0] < _extent(out)[1]
+
+
+def _extent(a):
+    lo = hi = a.data.ptr
+    for d, s in zip(a.shape, a.strides):
+        if d == 0:
+            return lo, lo
+        if s < 0:
+            lo += (d - 1) * s
+        else:
+            hi += (d - 1) * s
+    return lo, hi + a.itemsize
 
 
 def _where(a):

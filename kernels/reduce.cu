@@ -71,42 +71,40 @@ __global__ void reduce_rows_vector(const Tin* __restrict__ x, Tout* __restrict__
     const int t = threadIdx.x % G;
     const i64 v = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
     const bool active = v < R * S;
-    A acc = Op::template identity<A>();
+    // UNROLL independent accumulators: one long chain of dependent adds would make the
+    // loop wait on the adder's latency instead of on memory.
+    A acc[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) acc[u] = Op::template identity<A>();
     if (active) {
         const i64 r = v / S, s = v % S;
         const i64 begin = s * L, end = min(n, begin + L);
         const Tin* p = x + r * n + begin;
         const i64 len = end - begin;
-        if (aligned) {
-            const i64 nvec = len / N;
-            i64 i = t;
-            // UNROLL independent 16-byte loads in flight before any is used
-            for (; i + (UNROLL - 1) * G < nvec; i += UNROLL * G) {
-                A f[UNROLL][N];
+        const i64 nvec = aligned ? len / N : 0;
+        i64 i = t;
+        // UNROLL independent 16-byte loads in flight before any is used
+        for (; i + (UNROLL - 1) * G < nvec; i += UNROLL * G) {
+            A f[UNROLL][N];
 #pragma unroll
-                for (int u = 0; u < UNROLL; ++u) load_vec_acc(p + (i + u * G) * N, f[u]);
+            for (int u = 0; u < UNROLL; ++u) load_vec_acc(p + (i + u * G) * N, f[u]);
 #pragma unroll
-                for (int u = 0; u < UNROLL; ++u)
+            for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-                    for (int j = 0; j < N; ++j) acc = Op::apply(acc, f[u][j]);
-            }
-            for (; i < nvec; i += G) {
-                A f[N];
-                load_vec_acc(p + i * N, f);
-#pragma unroll
-                for (int j = 0; j < N; ++j) acc = Op::apply(acc, f[j]);
-            }
-            for (i64 k = nvec * N + t; k < len; k += G) acc = Op::apply(acc, to_acc<A>(p[k]));
-        } else {
-            for (i64 k = t; k < len; k += G) acc = Op::apply(acc, to_acc<A>(p[k]));
+                for (int j = 0; j < N; ++j) acc[u] = Op::apply(acc[u], f[u][j]);
         }
+        for (; i < nvec; i += G) {
+            A f[N];
+            load_vec_acc(p + i * N, f);
+#pragma unroll
+            for (int j = 0; j < N; ++j) acc[0] = Op::apply(acc[0], f[j]);
+        }
+        for (i64 k = nvec * N + t; k < len; k += G) acc[0] = Op::apply(acc[0], to_acc<A>(p[k]));
     }
-    if (G == 32) {
-        acc = warp_reduce<Op>(acc);
-    } else {
-        acc = group_reduce<Op>(acc, G, scratch);
-    }
-    if (active && t == 0) y[v] = from_acc<Tout>(acc);
+#pragma unroll
+    for (int u = 1; u < UNROLL; ++u) acc[0] = Op::apply(acc[0], acc[u]);
+    const A total = G == 32 ? warp_reduce<Op>(acc[0]) : group_reduce<Op>(acc[0], G, scratch);
+    if (active && t == 0) y[v] = from_acc<Tout>(total);
 }
 
 // Reduce axis 1 of a contiguous (outer, R, inner) array into (outer, inner).

@@ -58,39 +58,60 @@ def softmax(x, axis=-1, out=None, *, impl="auto"):
     return _arrays.finish(y, out, call)
 
 
-def softmax_rows(impl, xd, y, dt):
-    """Softmax of the rows of contiguous ``xd`` (last axis) into contiguous ``y``."""
-    n = xd.shape[-1]
-    rows = xd.size // n
+_plans = {}
+
+
+class _Plan:
+    """How to launch one row length: kernel, block size, rows per block (or blocks per
+    row for a cluster), the extra int argument (G or chunk) and whether the kernel takes
+    the `aligned` flag."""
+
+    __slots__ = ("fn", "block", "rows_per_block", "cluster", "extra", "takes_aligned")
+
+    def __init__(self, fn, block, rows_per_block=1, cluster=1, extra=None, takes_aligned=True):
+        self.fn, self.block, self.rows_per_block = fn, block, rows_per_block
+        self.cluster, self.extra, self.takes_aligned = cluster, extra, takes_aligned
+
+
+def _plan(impl, n, dt):
+    """The launch plan for rows of n elements, memoized per device: small calls pay for
+    the choice once, not per call."""
+    key = (impl, n, dt, _arrays.cupy_module().cuda.runtime.getDevice())
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _choose(impl, n, dt)
+    return plan
+
+
+def _choose(impl, n, dt):
     t = _dtypes.cuda_type(dt)
-    vec = 16 // xd.itemsize
-    aligned = np.int32(_launch.rows_aligned(vec, n, xd, y))
-    props = _launch.device_props()
     if impl in ("auto", "cluster", "fused"):
         plan = _launch.fused_row_plan(n, dt)
         if plan is not None:
             vecs, g = plan
-            return launch_fused(t, vecs, g, xd, y, rows, n, aligned)
-        if impl != "fused" and props.cc >= 90:
+            block = 128 if g == 32 else g
+            return _Plan(KERNELS.function(template_name("softmax_fused", t, vecs)), block, block // g, extra=g)
+        if impl != "fused" and _launch.device_props().cc >= 90:
             plan = _launch.cluster_row_plan(n, dt)
             if plan is not None:
-                return launch_cluster(t, *plan, xd, y, rows, n, aligned)
+                vecs, cl, g, chunk = plan
+                fn = KERNELS.function(template_name("softmax_cluster", t, vecs, cl))
+                return _Plan(fn, g, cluster=cl, extra=chunk)
         impl = "online"
     if impl == "naive":
-        fn = KERNELS.function(template_name("softmax_naive", t))
-        fn((rows,), (256,), (xd, y, np.int64(rows), np.int32(n)))
-    else:
-        fn = KERNELS.function(template_name("softmax_online", t))
-        fn((rows,), (512,), (xd, y, np.int64(rows), np.int32(n), aligned))
+        return _Plan(KERNELS.function(template_name("softmax_naive", t)), 256, takes_aligned=False)
+    return _Plan(KERNELS.function(template_name("softmax_online", t)), 512)
 
 
-def launch_fused(t, vecs, g, xd, y, rows, n, aligned):
-    fn = KERNELS.function(template_name("softmax_fused", t, vecs))
-    block = 128 if g == 32 else g
-    grid = _launch.cdiv(rows, block // g)
-    fn((grid,), (block,), (xd, y, np.int64(rows), np.int32(n), np.int32(g), aligned))
-
-
-def launch_cluster(t, vecs, cl, g, chunk, xd, y, rows, n, aligned):
-    fn = KERNELS.function(template_name("softmax_cluster", t, vecs, cl))
-    fn((rows * cl,), (g,), (xd, y, np.int64(rows), np.int32(n), np.int32(chunk), aligned))
+def softmax_rows(impl, xd, y, dt):
+    """Softmax of the rows of contiguous ``xd`` (last axis) into contiguous ``y``."""
+    n = xd.shape[-1]
+    rows = xd.size // n
+    p = _plan(impl, n, dt)
+    args = (xd, y, np.int64(rows), np.int32(n))
+    if p.extra is not None:
+        args += (np.int32(p.extra),)
+    if p.takes_aligned:
+        args += (np.int32(_launch.rows_aligned(16 // xd.itemsize, n, xd, y)),)
+    grid = rows * p.cluster if p.cluster > 1 else _launch.cdiv(rows, p.rows_per_block)
+    p.fn((grid,), (p.block,), args)
