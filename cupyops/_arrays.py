@@ -32,9 +32,19 @@ def as_input(x, name):
         raise TypeError(f"{name}: expected an array, got {type(x).__name__} ({exc})") from None
 
 
+_DTYPE_NAMES = {}  # dtype -> name: numpy builds dtype.name anew on every access
+
+
+def dtype_name(dtype):
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    return name
+
+
 def check_dtype(x, name, allowed):
     """Return the dtype name of ``x`` or raise TypeError listing what ``name`` accepts."""
-    dt = x.dtype.name
+    dt = dtype_name(x.dtype)
     if dt not in allowed:
         raise TypeError(f"{name}: dtype {dt} is not supported; expected one of {', '.join(allowed)}")
     return dt
@@ -112,7 +122,8 @@ def check_out(out, x, shape, dtype, name="out"):
 def _shares_memory_with(out, x):
     """Whether the byte ranges spanned by two CuPy arrays overlap (strides may be negative:
     data.ptr is the first element, not the lowest address)."""
-    return _extent(out)[0] < _extent(x)[1] and _extent(x)[0] < _extent(out)[1]
+    (olo, ohi), (xlo, xhi) = _extent(out), _extent(x)
+    return olo < xhi and xlo < ohi
 
 
 def _extent(a):

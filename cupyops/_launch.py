@@ -82,10 +82,10 @@ def grid_stride_blocks(n_items, threads, props, blocks_per_sm=4):
 # The register-resident rungs (softmax_fused/_cluster, layer_norm_*, rms_norm_*) give each
 # thread VECS 16-byte vectors of a row; G threads share a row (a warp, or a whole block),
 # or CL blocks of G threads share it across a Hopper cluster. These choose the shapes.
-# VECS per dtype stays at or under 32 floats per thread so 1024-thread blocks never spill.
+# Registers hold the row widened to float: VECS 16-byte vectors are VECS * N floats; 32
+# floats a thread (fp32 VECS = 8, half VECS = 4) cap the block at 512 threads.
 ROW_VECS = {"float32": (1, 2, 4, 8), "float16": (1, 2, 4), "bfloat16": (1, 2, 4)}
 CLUSTER_SIZES = (2, 4, 8)  # 8 is the portable maximum cluster size
-_G_MAX = {1: 256, 2: 512}  # few elements per thread: keep groups small, blocks many
 
 
 def row_max_threads(vecs, dtype):
@@ -97,13 +97,24 @@ def pow2_ceil(v):
     return 1 << max(0, (int(v) - 1).bit_length())
 
 
+def pow2_floor(v):
+    return 1 << max(0, int(v).bit_length() - 1)
+
+
+# Measured (benchmarks/sweep.py, H200): 16 elements a thread is the sweet spot of the
+# register rungs; fewer leave too few bytes in flight, more cost occupancy.
+FUSED_ELEMS_PER_THREAD = 16
+
+
 def fused_row_plan(n, dtype):
     """(VECS, G) for a row of n elements held by one group of G threads, or None when
     the row is too long for one block's registers."""
     vec = 16 // (4 if dtype == "float32" else 2)
     for vecs in ROW_VECS[dtype]:
-        g = max(32, pow2_ceil(cdiv(n, vecs * vec)))
-        if g <= min(_G_MAX.get(vecs, 1024), row_max_threads(vecs, dtype)):
+        if vecs * vec < FUSED_ELEMS_PER_THREAD and vecs != ROW_VECS[dtype][-1] and n > 4 * vecs * vec:
+            continue
+        g = max(4, pow2_ceil(cdiv(n, vecs * vec)))
+        if g <= min(512, row_max_threads(vecs, dtype)):
             return vecs, g
     return None
 
@@ -119,6 +130,50 @@ def cluster_row_plan(n, dtype):
                 if g * vecs * vec >= chunk and g <= row_max_threads(vecs, dtype):
                     return vecs, cl, g, chunk
     return None
+
+
+# ------------------------------------------------------------------ rows staged in shared memory
+# The staged rungs copy whole rows (or, on sm_90, a cluster's share of one long row) into
+# shared memory with cp.async. Measured on an H200: a block should stage about 16 KB
+# (64 KB for layer_norm, whose three sweeps over shared memory like more work per block)
+# with 64 to 128 bytes per thread; a long row goes to a cluster of 8 with <= 64 KB a block.
+STAGE_BLOCK_BYTES = {"softmax": (16384, 64), "rms_norm": (16384, 64), "layer_norm": (65536, 128)}
+SHORT_ROW_BYTES = 4096  # rows this short: 16 KB a block, 128 bytes a thread, for every op
+MAX_STAGED_ROW_BYTES = 32768  # above, the row is spread over a cluster (sm_90)
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedPlan:
+    cluster: int  # blocks per row (1: whole rows per block)
+    block: int  # threads per block
+    rows_per_block: int
+    group: int  # threads per row (G)
+    chunk: int  # elements per block of a cluster (0 when cluster == 1)
+    smem: int  # dynamic shared memory bytes
+
+
+def staged_row_plan(n, itemsize, op, props):
+    """How the staged rung of ``op`` handles rows of n elements, or None when a row is
+    too long to stage (the caller falls back to its any-length rung)."""
+    vec = 16 // itemsize
+    row = n * itemsize
+    if row <= MAX_STAGED_ROW_BYTES or props.cc < 90:
+        if row > min(props.smem_per_block_optin, 200 * 1024):
+            return None
+        block_bytes, thread_bytes = (16384, 128) if row <= SHORT_ROW_BYTES else STAGE_BLOCK_BYTES[op]
+        rb = pow2_floor(max(1, block_bytes // row))
+        threads = min(1024, max(64, pow2_ceil(cdiv(rb * row, thread_bytes))))
+        while rb > 1 and threads // rb < 4:
+            rb //= 2
+        return StagedPlan(1, threads, rb, threads // rb, 0, rb * row)
+    for cl in CLUSTER_SIZES:
+        chunk = cdiv(cdiv(n, cl), vec) * vec
+        if chunk * itemsize <= MAX_STAGED_ROW_BYTES or cl == CLUSTER_SIZES[-1]:
+            break
+    if chunk * itemsize > 200 * 1024:
+        return None
+    threads = min(1024, max(256, pow2_ceil(cdiv(chunk * itemsize, 128))))
+    return StagedPlan(cl, threads, 1, threads, chunk, chunk * itemsize)
 
 
 def rows_aligned(vec, n, *arrays):

@@ -114,18 +114,21 @@ struct FMax {
 };
 
 // Reduce over the G threads of a row group; every thread of the group gets the result.
-// G is 32 (one warp per row: shuffles only) or a multiple of 32 filling the block
-// (scratch: one slot per warp; the caller passes a buffer of blockDim.x / 32 entries).
+// G is a power of two: up to 32 the groups are lane ranges of one warp (shuffles only);
+// above, a group is G / 32 consecutive warps and `scratch` needs one slot per warp of the
+// block. Every thread of the block must call it (no early exits): it may __syncthreads.
 template <typename Op, typename A>
 __device__ __forceinline__ A group_reduce(A v, int G, A* scratch) {
-    v = warp_reduce<Op>(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        if (o < G) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, o));
     if (G <= 32) return v;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = G >> 5;
+    const int first = warp & ~(nw - 1);  // this group's first warp
     __syncthreads();  // scratch may still be read by a previous reduction
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    v = scratch[lane < nw ? lane : 0];  // lanes >= nw hold duplicates that lane 0 never mixes in
-    // reduce the nw (power of two) partials held by lanes 0..nw-1
+    v = scratch[first + (lane < nw ? lane : 0)];  // lanes >= nw: duplicates lane 0 never mixes in
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         if (o < nw) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -156,16 +159,22 @@ __device__ __forceinline__ Welford combine(Welford a, Welford b) {
 }
 
 // ---------------------------------------------------------------- a row chunk in registers
-// Thread t of a group of G threads holds VECS vectors of N elements of the chunk
-// [0, len) of row pointer p: vector i covers elements ((i * G + t) * N) .. + N - 1, so each
-// load instruction of the group reads G * 16 contiguous bytes (coalesced), and all VECS
-// loads are issued before the first use.
+// Thread t of a group of G threads holds VECS 16-byte vectors of the chunk [0, len) of row
+// pointer p: vector i covers elements ((i * G + t) * N) .. + N - 1, so each load
+// instruction of the group reads G * 16 contiguous bytes (coalesced), and all VECS loads
+// are issued before the first use. Values are kept widened to float.
 template <typename T, int VECS> struct RowRegs {
     static constexpr int N = Vec<T>::N;
     // 32 floats a thread need more than the 64 registers a 1024-thread block allows;
     // such rows use at most 512 threads (the host's plans follow the same rule).
     static constexpr int MAX_THREADS = VECS * N >= 32 ? 512 : 1024;
     float v[VECS][N];
+
+    __device__ __forceinline__ float get(int i, int j) const { return v[i][j]; }
+    // Is element j of vector i inside the chunk?
+    __device__ __forceinline__ static bool inside(int i, int j, int len, int t, int G) {
+        return (i * G + t) * N + j < len;
+    }
 
     __device__ __forceinline__ void load(const T* p, int len, int t, int G, bool aligned, float fill) {
 #pragma unroll
@@ -180,20 +189,66 @@ template <typename T, int VECS> struct RowRegs {
         }
     }
 
-    __device__ __forceinline__ void store(T* p, int len, int t, int G, bool aligned) const {
+    // q[e] = f(x[e]) for every element of the chunk.
+    template <typename F>
+    __device__ __forceinline__ void store(T* q, int len, int t, int G, bool aligned, F f) const {
 #pragma unroll
         for (int i = 0; i < VECS; ++i) {
             const int e0 = (i * G + t) * N;
             if (aligned && e0 + N <= len) {
-                store_vec(p + e0, v[i]);
+                float o[N];
+#pragma unroll
+                for (int j = 0; j < N; ++j) o[j] = f(v[i][j]);
+                store_vec(q + e0, o);
             } else {
 #pragma unroll
                 for (int j = 0; j < N; ++j)
-                    if (e0 + j < len) p[e0 + j] = from_f32<T>(v[i][j]);
+                    if (e0 + j < len) q[e0 + j] = from_f32<T>(f(v[i][j]));
             }
         }
     }
 };
+
+// ---------------------------------------------------------------- rows staged in shared memory
+// cp.async copies 16 bytes global -> shared without passing through registers, so a thread
+// can have any number of them in flight: the bytes a block keeps in flight are bounded by
+// its shared memory, not by its registers (which is what limits the register rungs for
+// 2-byte types). Works from sm_80.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+// Copy p[0, len) to s (all threads of the block), then barrier. `aligned`: both 16-byte
+// aligned and len a multiple of the vector width.
+template <typename T>
+__device__ __forceinline__ void stage_to_smem(T* s, const T* p, int len, bool aligned) {
+    constexpr int N = Vec<T>::N;
+    if (aligned) {
+        for (int e = threadIdx.x * N; e < len; e += blockDim.x * N) cp_async16(s + e, p + e);
+        asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+    } else {
+        for (int e = threadIdx.x; e < len; e += blockDim.x) s[e] = p[e];
+    }
+    __syncthreads();
+}
+
+// f(e, x) for every element e of s[0, len) owned by thread t of a group of G: 16-byte
+// shared-memory reads (consecutive threads, consecutive vectors: no bank conflicts).
+template <typename T, typename F>
+__device__ __forceinline__ void smem_sweep(const T* s, int len, int t, int G, bool aligned, F f) {
+    constexpr int N = Vec<T>::N;
+    if (aligned) {
+        for (int e0 = t * N; e0 < len; e0 += G * N) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(s + e0);
+            const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+            for (int j = 0; j < N; ++j) f(e0 + j, to_f32(e[j]));
+        }
+    } else {
+        for (int e = t; e < len; e += G) f(e, to_f32(s[e]));
+    }
+}
 
 // ---------------------------------------------------------------- Hopper clusters
 // A cluster's blocks run at the same time on neighbouring SMs and can read each other's

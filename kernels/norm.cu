@@ -52,8 +52,9 @@ __device__ __forceinline__ Welford group_welford(Welford v, int G, float* scratc
             __shfl_sync(0xffffffffu, v.m2, 0)};
 }
 
-// y = (x - shift) * scale * w + b over the registers, w and b read as 16-byte vectors
-// while storing (they stay in L2 for every row, and hold no registers across the kernel).
+// y = (x - shift) * scale * w + b over the registers; w and b (16-byte vectors, same layout
+// as the row) are read while storing: every row reads them, L2 serves them, and they hold
+// no registers across the kernel.
 template <typename T, int VECS>
 __device__ __forceinline__ void affine_store(const RowRegs<T, VECS>& r, T* __restrict__ q,
                                              const T* __restrict__ w, const T* __restrict__ b, int len,
@@ -62,13 +63,13 @@ __device__ __forceinline__ void affine_store(const RowRegs<T, VECS>& r, T* __res
 #pragma unroll
     for (int i = 0; i < VECS; ++i) {
         const int e0 = (i * G + t) * N;
-        float o[N], wv[N], bv[N];
         if (aligned && e0 + N <= len) {
+            float o[N], wv[N], bv[N];
             if (w) load_vec(w + e0, wv);
             if (b) load_vec(b + e0, bv);
 #pragma unroll
             for (int j = 0; j < N; ++j) {
-                o[j] = (r.v[i][j] - shift) * scale;
+                o[j] = (r.get(i, j) - shift) * scale;
                 if (w) o[j] *= wv[j];
                 if (b) o[j] += bv[j];
             }
@@ -77,7 +78,7 @@ __device__ __forceinline__ void affine_store(const RowRegs<T, VECS>& r, T* __res
 #pragma unroll
             for (int j = 0; j < N; ++j) {
                 if (e0 + j < len) {
-                    float v = (r.v[i][j] - shift) * scale;
+                    float v = (r.get(i, j) - shift) * scale;
                     if (w) v *= to_f32(w[e0 + j]);
                     if (b) v += to_f32(b[e0 + j]);
                     q[e0 + j] = from_f32<T>(v);
@@ -87,28 +88,31 @@ __device__ __forceinline__ void affine_store(const RowRegs<T, VECS>& r, T* __res
     }
 }
 
-// (count, mean, M2) of this thread's valid registers, with mean taken over the group.
+// Sum of (x - mean)^2 over this thread's elements of the chunk (padding excluded).
 template <typename T, int VECS>
 __device__ __forceinline__ float sq_dev_sum(const RowRegs<T, VECS>& r, int len, int t, int G, float mean) {
-    constexpr int N = Vec<T>::N;
     float m2 = 0.f;
 #pragma unroll
     for (int i = 0; i < VECS; ++i)
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-            const float d = r.v[i][j] - mean;
-            if ((i * G + t) * N + j < len) m2 += d * d;
+        for (int j = 0; j < RowRegs<T, VECS>::N; ++j) {
+            const float d = r.get(i, j) - mean;
+            if (RowRegs<T, VECS>::inside(i, j, len, t, G)) m2 += d * d;
         }
     return m2;
 }
 
+// Sum of x (or x^2) over this thread's elements; padding holds 0 and adds nothing.
 template <typename T, int VECS>
 __device__ __forceinline__ float regs_sum(const RowRegs<T, VECS>& r, bool squares) {
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < VECS; ++i)
 #pragma unroll
-        for (int j = 0; j < RowRegs<T, VECS>::N; ++j) s += squares ? r.v[i][j] * r.v[i][j] : r.v[i][j];
+        for (int j = 0; j < RowRegs<T, VECS>::N; ++j) {
+            const float v = r.get(i, j);
+            s += squares ? v * v : v;
+        }
     return s;
 }
 
@@ -176,15 +180,18 @@ __global__ void __launch_bounds__(RowRegs<T, VECS>::MAX_THREADS)
                      float* __restrict__ mean_out, float* __restrict__ rstd_out, i64 rows, int n, float eps,
                      int G, int aligned) {
     __shared__ float scratch[32];
-    const i64 row = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
+    const i64 row0 = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
     const int t = threadIdx.x % G;
-    if (G == 32 && row >= rows) return;
+    // a group past the last row still joins the reductions (shuffles, barriers), on nothing
+    const bool active = row0 < rows;
+    const i64 row = active ? row0 : 0;
+    const int len = active ? n : 0;
     RowRegs<T, VECS> r;
-    r.load(x + row * n, n, t, G, aligned, 0.f);
+    r.load(x + row * n, len, t, G, aligned, 0.f);
     const float mean = group_reduce<FSum>(regs_sum(r, false), G, scratch) / n;
-    const float rstd = rsqrtf(group_reduce<FSum>(sq_dev_sum(r, n, t, G, mean), G, scratch) / n + eps);
-    affine_store(r, y + row * n, w, b, n, t, G, aligned, mean, rstd);
-    if (t == 0 && mean_out) {
+    const float rstd = rsqrtf(group_reduce<FSum>(sq_dev_sum(r, len, t, G, mean), G, scratch) / n + eps);
+    affine_store(r, y + row * n, w, b, len, t, G, aligned, mean, rstd);
+    if (active && t == 0 && mean_out) {
         mean_out[row] = mean;
         rstd_out[row] = rstd;
     }
@@ -262,13 +269,16 @@ __global__ void __launch_bounds__(RowRegs<T, VECS>::MAX_THREADS) rms_norm_fused(
                                                        T* __restrict__ y, i64 rows, int n, float eps, int G,
                                                        int aligned) {
     __shared__ float scratch[32];
-    const i64 row = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
+    const i64 row0 = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
     const int t = threadIdx.x % G;
-    if (G == 32 && row >= rows) return;
+    // a group past the last row still joins the reductions (shuffles, barriers), on nothing
+    const bool active = row0 < rows;
+    const i64 row = active ? row0 : 0;
+    const int len = active ? n : 0;
     RowRegs<T, VECS> r;
-    r.load(x + row * n, n, t, G, aligned, 0.f);
+    r.load(x + row * n, len, t, G, aligned, 0.f);
     const float rstd = rsqrtf(group_reduce<FSum>(regs_sum(r, true), G, scratch) / n + eps);
-    affine_store(r, y + row * n, w, (const T*)nullptr, n, t, G, aligned, 0.f, rstd);
+    affine_store(r, y + row * n, w, (const T*)nullptr, len, t, G, aligned, 0.f, rstd);
 }
 
 template <typename T, int VECS, int CL>
@@ -300,4 +310,151 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_T
 #else
     __trap();  // launched only on sm_90 and newer
 #endif
+}
+
+// ------------------------------------------------------------------ staged rung
+// The block copies its rows (CL == 1: blockDim.x / G whole rows, a group of G threads per
+// row) or its chunk of one row (CL > 1: a cluster of CL blocks per row) into shared memory
+// with cp.async; the statistics sweeps and the write read shared memory.
+template <typename T, int CL>
+struct StagedRow {
+    const T* s;  // this group's elements in shared memory
+    i64 row;
+    int begin, len, t, rank;
+};
+
+template <typename T, int CL>
+__device__ __forceinline__ StagedRow<T, CL> stage_rows(T* buf, const T* x, i64 rows, int n, int chunk, int G,
+                                                       bool aligned) {
+    StagedRow<T, CL> r;
+    r.t = threadIdx.x % G;
+    if constexpr (CL == 1) {
+        const int rb = blockDim.x / G, g = threadIdx.x / G;
+        const i64 row0 = (i64)blockIdx.x * rb;
+        const int nrows = (int)min((i64)rb, rows - row0);
+        stage_to_smem(buf, x + row0 * n, nrows * n, aligned);
+        r.row = row0 + g;
+        r.len = g < nrows ? n : 0;
+        r.s = buf + g * n;
+        r.begin = r.rank = 0;
+    } else {
+        r.row = blockIdx.x / CL;
+        r.rank = blockIdx.x % CL;
+        r.begin = r.rank * chunk;
+        r.len = max(0, min(n, r.begin + chunk) - r.begin);
+        stage_to_smem(buf, x + r.row * n + r.begin, r.len, aligned);
+        r.s = buf;
+    }
+    return r;
+}
+
+// y = (x - shift) * scale * w + b from shared memory; w, b as 16-byte vectors when aligned.
+template <typename T>
+__device__ __forceinline__ void smem_affine_store(const T* s, T* __restrict__ q, const T* __restrict__ w,
+                                                  const T* __restrict__ b, int len, int t, int G, bool aligned,
+                                                  float shift, float scale) {
+    constexpr int N = Vec<T>::N;
+    if (aligned) {
+        for (int e0 = t * N; e0 < len; e0 += G * N) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(s + e0);
+            const T* e = reinterpret_cast<const T*>(&raw);
+            float o[N], wv[N], bv[N];
+            if (w) load_vec(w + e0, wv);
+            if (b) load_vec(b + e0, bv);
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                o[j] = (to_f32(e[j]) - shift) * scale;
+                if (w) o[j] *= wv[j];
+                if (b) o[j] += bv[j];
+            }
+            store_vec(q + e0, o);
+        }
+    } else {
+        for (int e = t; e < len; e += G) {
+            float v = (to_f32(s[e]) - shift) * scale;
+            if (w) v *= to_f32(w[e]);
+            if (b) v += to_f32(b[e]);
+            q[e] = from_f32<T>(v);
+        }
+    }
+}
+
+template <typename T, int CL>
+__global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
+    layer_norm_staged(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+                      float* __restrict__ mean_out, float* __restrict__ rstd_out, i64 rows, int n, float eps,
+                      int chunk, int G, int aligned) {
+    extern __shared__ __align__(16) unsigned char smem_bytes[];
+    __shared__ float scratch[32];
+    const StagedRow<T, CL> r = stage_rows<T, CL>(reinterpret_cast<T*>(smem_bytes), x, rows, n, chunk, G, aligned);
+    float s1 = 0.f;
+    smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { s1 += v; });
+    const float tot = group_reduce<FSum>(s1, G, scratch);  // every thread: it may __syncthreads
+    const float mean_b = r.len ? tot / r.len : 0.f;
+    float m2 = 0.f;
+    smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { m2 += (v - mean_b) * (v - mean_b); });
+    m2 = group_reduce<FSum>(m2, G, scratch);
+    float mean = mean_b, rstd = rsqrtf(m2 / n + eps);
+    if constexpr (CL > 1) {
+#if CUOPS_HAS_CLUSTERS
+        __shared__ float stats[3], total[2];
+        if (threadIdx.x == 0) {
+            stats[0] = (float)r.len;
+            stats[1] = mean_b;
+            stats[2] = m2;
+        }
+        cluster_sync();
+        if (threadIdx.x < 32) {
+            const unsigned lane = threadIdx.x;
+            Welford v = {0.f, 0.f, 0.f};
+            if (lane < CL) v = {ld_dsmem(&stats[0], lane), ld_dsmem(&stats[1], lane), ld_dsmem(&stats[2], lane)};
+            v = warp_welford(v);
+            if (lane == 0) {
+                total[0] = v.mean;
+                total[1] = rsqrtf(v.m2 / n + eps);
+            }
+        }
+        cluster_sync();
+        mean = total[0];
+        rstd = total[1];
+#else
+        __trap();  // launched only on sm_90 and newer
+#endif
+    }
+    smem_affine_store(r.s, y + r.row * n + r.begin, w ? w + r.begin : w, b ? b + r.begin : b, r.len, r.t, G,
+                      aligned, mean, rstd);
+    if (mean_out && r.len && r.t == 0 && r.rank == 0) {
+        mean_out[r.row] = mean;
+        rstd_out[r.row] = rstd;
+    }
+}
+
+template <typename T, int CL>
+__global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
+    rms_norm_staged(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, i64 rows, int n, float eps,
+                    int chunk, int G, int aligned) {
+    extern __shared__ __align__(16) unsigned char smem_bytes[];
+    __shared__ float scratch[32];
+    const StagedRow<T, CL> r = stage_rows<T, CL>(reinterpret_cast<T*>(smem_bytes), x, rows, n, chunk, G, aligned);
+    float ss = 0.f;
+    smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { ss += v * v; });
+    ss = group_reduce<FSum>(ss, G, scratch);
+    if constexpr (CL > 1) {
+#if CUOPS_HAS_CLUSTERS
+        __shared__ float stats[1], total[1];
+        if (threadIdx.x == 0) stats[0] = ss;
+        cluster_sync();
+        if (threadIdx.x < 32) {
+            float v = threadIdx.x < CL ? ld_dsmem(&stats[0], threadIdx.x) : 0.f;
+            v = warp_reduce<FSum>(v);
+            if (threadIdx.x == 0) total[0] = v;
+        }
+        cluster_sync();
+        ss = total[0];
+#else
+        __trap();  // launched only on sm_90 and newer
+#endif
+    }
+    smem_affine_store(r.s, y + r.row * n + r.begin, w ? w + r.begin : w, (const T*)nullptr, r.len, r.t, G, aligned,
+                      0.f, rsqrtf(ss / n + eps));
 }

@@ -12,9 +12,10 @@
 //   reduce_rows_block   one 256-thread block per virtual row, strided scalar loads and a
 //                       shared-memory tree: coalesced, but 4-byte (or 2-byte) loads and a
 //                       __syncthreads per tree level.
-//   reduce_rows_vector  G threads per virtual row (a warp for short rows, a block for long
-//                       ones), 16-byte loads, UNROLL of them in flight per thread, warp
-//                       shuffles: what it takes to reach the copy bandwidth.
+//   reduce_rows_vector  G threads per virtual row (4 to 512: sized so each thread has a few
+//                       batches of loads), 16-byte loads, UNROLL of them in flight per
+//                       thread, independent accumulators, shuffles: what it takes to reach
+//                       the copy bandwidth.
 //   reduce_strided      any other single axis: (outer, R, inner), one thread per output,
 //                       consecutive threads read consecutive inner elements.
 //   trace_naive / trace_block / trace_unrolled: one thread; one block with a tree;
@@ -59,14 +60,16 @@ __global__ void reduce_rows_block(const Tin* __restrict__ x, Tout* __restrict__ 
     if (threadIdx.x == 0) y[v] = from_acc<Tout>(tree[0]);
 }
 
-// G threads per virtual row; blockDim.x / G rows per block (G = 32) or one (G = blockDim.x).
+// G threads (a power of two) per virtual row, blockDim.x / G rows per block.
 // `aligned`: x is 16-byte aligned and every segment starts on a 16-byte boundary.
 template <typename Tin, typename Tout, typename Op>
 __global__ void reduce_rows_vector(const Tin* __restrict__ x, Tout* __restrict__ y, i64 R, i64 n,
                                    int S, i64 L, int G, int aligned) {
     typedef typename AccOf<Op, Tout>::type A;
     constexpr int N = Vec<Tin>::N;
-    constexpr int UNROLL = 4;
+    // 64 bytes in flight per thread for 4/8-byte types, 128 for 2-byte ones (measured: the
+    // 2-byte types need more bytes in flight per register spent)
+    constexpr int UNROLL = sizeof(Tin) == 2 ? 8 : 4;
     __shared__ A scratch[32];
     const int t = threadIdx.x % G;
     const i64 v = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
@@ -103,7 +106,7 @@ __global__ void reduce_rows_vector(const Tin* __restrict__ x, Tout* __restrict__
     }
 #pragma unroll
     for (int u = 1; u < UNROLL; ++u) acc[0] = Op::apply(acc[0], acc[u]);
-    const A total = G == 32 ? warp_reduce<Op>(acc[0]) : group_reduce<Op>(acc[0], G, scratch);
+    const A total = group_reduce<Op>(acc[0], G, scratch);
     if (active && t == 0) y[v] = from_acc<Tout>(total);
 }
 

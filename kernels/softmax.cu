@@ -72,50 +72,43 @@ __global__ void softmax_online(const T* __restrict__ x, T* __restrict__ y, i64 r
     for (int i = nvec * N + threadIdx.x; i < n; i += blockDim.x) q[i] = from_f32<T>(__expf(to_f32(p[i]) - m) * inv);
 }
 
-// Local part of the register-resident rungs: returns this group's (max, sum of exp) over
-// its chunk and leaves exp(x - max) in r.
+// Local part of the register-resident rungs: this group's (max, sum of exp(x - max)) over
+// its chunk. The exponentials are recomputed at the store rather than kept: keeping them
+// would double the registers of 2-byte types (see RowRegs).
 template <typename T, int VECS>
-__device__ __forceinline__ MaxSum softmax_chunk_stats(RowRegs<T, VECS>& r, int G, float* scratch) {
+__device__ __forceinline__ MaxSum softmax_chunk_stats(const RowRegs<T, VECS>& r, int G, float* scratch) {
     float m = -CUOPS_INF;
 #pragma unroll
     for (int i = 0; i < VECS; ++i)
 #pragma unroll
-        for (int j = 0; j < RowRegs<T, VECS>::N; ++j) m = fmaxf(m, r.v[i][j]);
+        for (int j = 0; j < RowRegs<T, VECS>::N; ++j) m = fmaxf(m, r.get(i, j));
     m = group_reduce<FMax>(m, G, scratch);
     const float mu = safe_max(m);
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < VECS; ++i)
 #pragma unroll
-        for (int j = 0; j < RowRegs<T, VECS>::N; ++j) {
-            r.v[i][j] = __expf(r.v[i][j] - mu);
-            s += r.v[i][j];
-        }
+        for (int j = 0; j < RowRegs<T, VECS>::N; ++j) s += __expf(r.get(i, j) - mu);
     s = group_reduce<FSum>(s, G, scratch);
     return {m, s};
 }
 
-template <typename T, int VECS>
-__device__ __forceinline__ void scale_regs(RowRegs<T, VECS>& r, float a) {
-#pragma unroll
-    for (int i = 0; i < VECS; ++i)
-#pragma unroll
-        for (int j = 0; j < RowRegs<T, VECS>::N; ++j) r.v[i][j] *= a;
-}
-
-// G threads per row: G = 32 puts blockDim.x / 32 rows in a block, else G = blockDim.x.
+// G threads (a power of two) per row, blockDim.x / G rows per block.
 template <typename T, int VECS>
 __global__ void __launch_bounds__(RowRegs<T, VECS>::MAX_THREADS) softmax_fused(const T* __restrict__ x, T* __restrict__ y,
                                                       i64 rows, int n, int G, int aligned) {
     __shared__ float scratch[32];
-    const i64 row = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
+    const i64 row0 = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
     const int t = threadIdx.x % G;
-    if (G == 32 && row >= rows) return;  // whole warps only: G > 32 has one row per block
+    // a group past the last row still joins the reductions (shuffles, barriers), on nothing
+    const bool active = row0 < rows;
+    const i64 row = active ? row0 : 0;
+    const int len = active ? n : 0;
     RowRegs<T, VECS> r;
-    r.load(x + row * n, n, t, G, aligned, -CUOPS_INF);
+    r.load(x + row * n, len, t, G, aligned, -CUOPS_INF);
     const MaxSum st = softmax_chunk_stats(r, G, scratch);
-    scale_regs(r, 1.f / st.s);
-    r.store(y + row * n, n, t, G, aligned);
+    const float mu = safe_max(st.m), inv = 1.f / st.s;
+    r.store(y + row * n, len, t, G, aligned, [=](float v) { return __expf(v - mu) * inv; });
 }
 
 // CL blocks per row; block `rank` owns elements [rank * chunk, (rank + 1) * chunk).
@@ -158,9 +151,90 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_T
     // an all -inf row is NaN everywhere; an all -inf chunk of a finite row is 0
     float a = __int_as_float(0x7fc00000);
     if (total[0] != -CUOPS_INF) a = (mine.m == -CUOPS_INF) ? 0.f : __expf(mine.m - total[0]) / total[1];
-    scale_regs(r, a);
-    r.store(y + row * n + begin, len, threadIdx.x, G, aligned);
+    const float mu = safe_max(mine.m);
+    r.store(y + row * n + begin, len, threadIdx.x, G, aligned, [=](float v) { return __expf(v - mu) * a; });
 #else
     __trap();  // launched only on sm_90 and newer
 #endif
+}
+
+// Staged rung: the block copies its rows (CL == 1: blockDim.x / G whole rows, a group of
+// G threads per row) or its chunk of one row (CL > 1: a cluster of CL blocks per row) into
+// shared memory with cp.async, then max, sum and the write all read shared memory.
+template <typename T, int CL>
+__global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
+    softmax_staged(const T* __restrict__ x, T* __restrict__ y, i64 rows, int n, int chunk, int G, int aligned) {
+    extern __shared__ __align__(16) unsigned char smem_bytes[];
+    T* buf = reinterpret_cast<T*>(smem_bytes);
+    __shared__ float scratch[32];
+    constexpr int N = Vec<T>::N;
+    i64 row;
+    int len, rank = 0;
+    const T* s;
+    if constexpr (CL == 1) {
+        const int rb = blockDim.x / G, g = threadIdx.x / G;
+        const i64 row0 = (i64)blockIdx.x * rb;
+        const int nrows = (int)min((i64)rb, rows - row0);
+        stage_to_smem(buf, x + row0 * n, nrows * n, aligned);
+        row = row0 + g;
+        len = g < nrows ? n : 0;
+        s = buf + g * n;
+    } else {
+        row = blockIdx.x / CL;
+        rank = blockIdx.x % CL;
+        const int begin = rank * chunk;
+        len = max(0, min(n, begin + chunk) - begin);
+        stage_to_smem(buf, x + row * n + begin, len, aligned);
+        s = buf;
+    }
+    const int t = threadIdx.x % G;
+    float m = -CUOPS_INF;
+    smem_sweep(s, len, t, G, aligned, [&](int, float v) { m = fmaxf(m, v); });
+    m = group_reduce<FMax>(m, G, scratch);
+    float mu = safe_max(m), sum = 0.f;
+    smem_sweep(s, len, t, G, aligned, [&](int, float v) { sum += __expf(v - mu); });
+    sum = group_reduce<FSum>(sum, G, scratch);
+    float scale = 1.f / sum;
+    if constexpr (CL > 1) {
+#if CUOPS_HAS_CLUSTERS
+        __shared__ float stats[2], total[2];
+        if (threadIdx.x == 0) {
+            stats[0] = m;
+            stats[1] = sum;
+        }
+        cluster_sync();
+        if (threadIdx.x < 32) {
+            const unsigned lane = threadIdx.x;
+            MaxSum v = {-CUOPS_INF, 0.f};
+            if (lane < CL) v = {ld_dsmem(&stats[0], lane), ld_dsmem(&stats[1], lane)};
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                MaxSum w = {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
+                v = combine(v, w);
+            }
+            if (lane == 0) {
+                total[0] = v.m;
+                total[1] = v.s;
+            }
+        }
+        cluster_sync();
+        scale = __int_as_float(0x7fc00000);  // an all -inf row is NaN everywhere
+        if (total[0] != -CUOPS_INF) scale = (m == -CUOPS_INF) ? 0.f : __expf(m - total[0]) / total[1];
+#else
+        __trap();  // launched only on sm_90 and newer
+#endif
+    }
+    T* q = y + row * n + rank * chunk;
+    if (aligned) {
+        for (int e0 = t * N; e0 < len; e0 += G * N) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(s + e0);
+            const T* e = reinterpret_cast<const T*>(&raw);
+            float o[N];
+#pragma unroll
+            for (int j = 0; j < N; ++j) o[j] = __expf(to_f32(e[j]) - mu) * scale;
+            store_vec(q + e0, o);
+        }
+    } else {
+        for (int e = t; e < len; e += G) q[e] = from_f32<T>(__expf(to_f32(s[e]) - mu) * scale);
+    }
 }

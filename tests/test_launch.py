@@ -19,8 +19,28 @@ def test_fused_row_plan_covers_the_row(n, dtype):
         return
     vecs, g = plan
     assert vecs in _launch.ROW_VECS[dtype]
-    assert g & (g - 1) == 0 and 32 <= g <= _launch.row_max_threads(vecs, dtype)
+    assert g & (g - 1) == 0 and 4 <= g <= min(512, _launch.row_max_threads(vecs, dtype))
     assert g * vecs * vec >= n
+    assert g == 4 or g * vecs * vec < 2 * n  # no group twice the row
+
+
+@given(n=st.integers(1, 1 << 20), itemsize=st.sampled_from([2, 4]),
+       op=st.sampled_from(["softmax", "layer_norm", "rms_norm"]), cc=st.sampled_from([80, 90]))
+@settings(max_examples=400, deadline=None)
+def test_staged_row_plan(n, itemsize, op, cc):
+    props = _launch.DeviceProps("GPU", cc, 132, 2048, 227 * 1024, 228 * 1024, 50 * 2**20)
+    p = _launch.staged_row_plan(n, itemsize, op, props)
+    if p is None:
+        assert n * itemsize > 32 * 1024
+        return
+    assert p.smem <= props.smem_per_block_optin
+    assert p.block & (p.block - 1) == 0 and 64 <= p.block <= 1024
+    if p.cluster == 1:
+        assert p.rows_per_block * p.group == p.block and p.group >= 4
+        assert p.smem == p.rows_per_block * n * itemsize
+    else:
+        assert cc >= 90 and p.cluster in _launch.CLUSTER_SIZES and p.group == p.block
+        assert p.cluster * p.chunk >= n and p.chunk * itemsize % 16 == 0 and p.smem == p.chunk * itemsize
 
 
 @given(n=st.integers(16385, 1 << 20), dtype=st.sampled_from(["float32", "float16", "bfloat16"]))
@@ -55,9 +75,10 @@ def test_split_plan_covers_rows(R, n, impl):
 
 
 def test_vector_group():
-    assert reduce.vector_group(17) == 32
-    assert reduce.vector_group(8192) == 256
-    assert reduce.vector_group(131072) == 1024
+    assert reduce.vector_group(17, 4) == 4
+    assert reduce.vector_group(8192, 4) == 128  # 16 vectors a thread: 4 batches of 4
+    assert reduce.vector_group(1024, 2) == 4
+    assert reduce.vector_group(1 << 20, 2) == 512
 
 
 def test_check_smem():

@@ -3,6 +3,7 @@ import numpy as np
 
 from .. import _arrays, _dtypes, _launch
 from .._kernels import KernelFile, template_name
+from . import _rows
 
 VARIANTS = {
     "layer_norm": {
@@ -13,6 +14,8 @@ VARIANTS = {
         "rows too long for one block fall back to welford",
         "cluster": "sm_90: long rows spread over a cluster of up to 8 blocks, (count, mean, M2) "
         "swapped through distributed shared memory: still one read",
+        "staged": "rows (or a cluster's share of a long row) copied to shared memory by cp.async: "
+        "bytes in flight bounded by shared memory, not registers (the win for 2-byte types)",
     },
     "rms_norm": {
         "twopass": "block per row: sum-of-squares pass, then the write pass: reads x 2x",
@@ -20,6 +23,8 @@ VARIANTS = {
         "fall back to twopass",
         "cluster": "sm_90: long rows spread over a cluster of up to 8 blocks, sums of squares "
         "swapped through distributed shared memory: still one read",
+        "staged": "rows (or a cluster's share of a long row) copied to shared memory by cp.async: "
+        "bytes in flight bounded by shared memory, not registers (the win for 2-byte types)",
     },
 }
 
@@ -33,6 +38,8 @@ def _expressions():
             for op in ("layer_norm", "rms_norm"):
                 names.append(template_name(f"{op}_fused", t, vecs))
                 names += [template_name(f"{op}_cluster", t, vecs, cl) for cl in _launch.CLUSTER_SIZES]
+        for op in ("layer_norm", "rms_norm"):
+            names += [template_name(f"{op}_staged", t, cl) for cl in (1, *_launch.CLUSTER_SIZES)]
     return names
 
 
@@ -103,29 +110,11 @@ def _p(a):
 
 
 def _norm_rows(op, impl, dt, xd, wd, bd, y, mean, rstd, rows, n, eps):
-    t = _dtypes.cuda_type(dt)
-    vec = 16 // xd.itemsize
-    aligned = np.int32(_launch.rows_aligned(vec, n, xd, y, wd, bd))
+    aligned = _launch.rows_aligned(16 // xd.itemsize, n, xd, y, wd, bd)
     eps = np.float32(eps)
     if op == "layer_norm":
-        params = (xd, _p(wd), _p(bd), y, _p(mean), _p(rstd), np.int64(rows), np.int32(n), eps)
+        args = (xd, _p(wd), _p(bd), y, _p(mean), _p(rstd), np.int64(rows), np.int32(n), eps)
     else:
-        params = (xd, _p(wd), y, np.int64(rows), np.int32(n), eps)
-    if impl in ("auto", "cluster", "fused"):
-        plan = _launch.fused_row_plan(n, dt)
-        if plan is not None:
-            vecs, g = plan
-            fn = KERNELS.function(template_name(f"{op}_fused", t, vecs))
-            block = 128 if g == 32 else g
-            fn((_launch.cdiv(rows, block // g),), (block,), params + (np.int32(g), aligned))
-            return
-        if impl != "fused" and _launch.device_props().cc >= 90:
-            plan = _launch.cluster_row_plan(n, dt)
-            if plan is not None:
-                vecs, cl, g, chunk = plan
-                fn = KERNELS.function(template_name(f"{op}_cluster", t, vecs, cl))
-                fn((rows * cl,), (g,), params + (np.int32(chunk), aligned))
-                return
-        impl = "welford" if op == "layer_norm" else "twopass"
-    fn = KERNELS.function(template_name(f"{op}_{impl}", t))
-    fn((rows,), (512,), params)
+        args = (xd, _p(wd), y, np.int64(rows), np.int32(n), eps)
+    fallback = "welford" if op == "layer_norm" else "twopass"
+    _rows.plan(KERNELS, op, impl, n, dt, fallback).launch(rows, args, aligned)

@@ -6,6 +6,8 @@ end (one copy) and reduced as rows. Few long rows are cut into segments whose pa
 second pass reduces, so the GPU stays busy without atomics (results are bitwise the same
 run to run on a given GPU).
 """
+import builtins
+
 import numpy as np
 
 from .. import _arrays, _dtypes, _launch
@@ -211,13 +213,12 @@ def split_plan(R, n, sm_count, impl, vec):
     return _launch.cdiv(n, L), L
 
 
-def vector_group(n):
-    """Threads per row for reduce_rows_vector: a warp for short rows, a block for long."""
-    if n <= 2048:
-        return 32
-    if n <= 16384:
-        return 256
-    return 1024
+def vector_group(L, itemsize):
+    """Threads per virtual row of reduce_rows_vector: enough that each thread runs about
+    four batches of UNROLL 16-byte loads (measured by benchmarks/sweep.py), 4 to 512."""
+    unroll = 8 if itemsize == 2 else 4
+    nvec = _launch.cdiv(L * itemsize, 16)
+    return min(512, builtins.max(4, _launch.pow2_ceil(_launch.cdiv(nvec, 4 * unroll))))
 
 
 def _rows(op, impl, xd, y, R, n, din, dout):
@@ -243,8 +244,8 @@ def _rows_launch(op, impl, xd, y, R, n, S, L, din, dout):
     elif impl == "block":
         fn((V,), (256,), args)
     else:
-        G = vector_group(L)
+        G = vector_group(L, xd.itemsize)
         vec = 16 // xd.itemsize
         aligned = xd.data.ptr % 16 == 0 and n % vec == 0 and L % vec == 0
-        block = 256 if G == 32 else G
+        block = builtins.max(G, 128)  # this module's max is the reduction
         fn((_launch.cdiv(V, block // G),), (block,), args + (np.int32(G), np.int32(aligned)))

@@ -4,6 +4,7 @@ import numpy as np
 
 from .. import _arrays, _dtypes, _launch
 from .._kernels import KernelFile, template_name
+from . import _rows
 
 VARIANTS = {
     "softmax": {
@@ -14,6 +15,8 @@ VARIANTS = {
         "writes once; rows too long for one block fall back to online",
         "cluster": "sm_90: a row too long for one block spread over a cluster of up to 8 blocks, "
         "(max, sum) swapped through distributed shared memory: still one read, one write",
+        "staged": "rows (or a cluster's share of a long row) copied to shared memory by cp.async: "
+        "bytes in flight bounded by shared memory, not registers (the win for 2-byte types)",
     }
 }
 
@@ -26,6 +29,7 @@ def _expressions():
         for vecs in _launch.ROW_VECS[d]:
             names.append(template_name("softmax_fused", t, vecs))
             names += [template_name("softmax_cluster", t, vecs, cl) for cl in _launch.CLUSTER_SIZES]
+        names += [template_name("softmax_staged", t, cl) for cl in (1, *_launch.CLUSTER_SIZES)]
     return names
 
 
@@ -58,60 +62,9 @@ def softmax(x, axis=-1, out=None, *, impl="auto"):
     return _arrays.finish(y, out, call)
 
 
-_plans = {}
-
-
-class _Plan:
-    """How to launch one row length: kernel, block size, rows per block (or blocks per
-    row for a cluster), the extra int argument (G or chunk) and whether the kernel takes
-    the `aligned` flag."""
-
-    __slots__ = ("fn", "block", "rows_per_block", "cluster", "extra", "takes_aligned")
-
-    def __init__(self, fn, block, rows_per_block=1, cluster=1, extra=None, takes_aligned=True):
-        self.fn, self.block, self.rows_per_block = fn, block, rows_per_block
-        self.cluster, self.extra, self.takes_aligned = cluster, extra, takes_aligned
-
-
-def _plan(impl, n, dt):
-    """The launch plan for rows of n elements, memoized per device: small calls pay for
-    the choice once, not per call."""
-    key = (impl, n, dt, _arrays.cupy_module().cuda.runtime.getDevice())
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans[key] = _choose(impl, n, dt)
-    return plan
-
-
-def _choose(impl, n, dt):
-    t = _dtypes.cuda_type(dt)
-    if impl in ("auto", "cluster", "fused"):
-        plan = _launch.fused_row_plan(n, dt)
-        if plan is not None:
-            vecs, g = plan
-            block = 128 if g == 32 else g
-            return _Plan(KERNELS.function(template_name("softmax_fused", t, vecs)), block, block // g, extra=g)
-        if impl != "fused" and _launch.device_props().cc >= 90:
-            plan = _launch.cluster_row_plan(n, dt)
-            if plan is not None:
-                vecs, cl, g, chunk = plan
-                fn = KERNELS.function(template_name("softmax_cluster", t, vecs, cl))
-                return _Plan(fn, g, cluster=cl, extra=chunk)
-        impl = "online"
-    if impl == "naive":
-        return _Plan(KERNELS.function(template_name("softmax_naive", t)), 256, takes_aligned=False)
-    return _Plan(KERNELS.function(template_name("softmax_online", t)), 512)
-
-
 def softmax_rows(impl, xd, y, dt):
     """Softmax of the rows of contiguous ``xd`` (last axis) into contiguous ``y``."""
     n = xd.shape[-1]
     rows = xd.size // n
-    p = _plan(impl, n, dt)
-    args = (xd, y, np.int64(rows), np.int32(n))
-    if p.extra is not None:
-        args += (np.int32(p.extra),)
-    if p.takes_aligned:
-        args += (np.int32(_launch.rows_aligned(16 // xd.itemsize, n, xd, y)),)
-    grid = rows * p.cluster if p.cluster > 1 else _launch.cdiv(rows, p.rows_per_block)
-    p.fn((grid,), (p.block,), args)
+    p = _rows.plan(KERNELS, "softmax", impl, n, dt, "online", simple_block=256 if impl == "naive" else 512)
+    p.launch(rows, (xd, y, np.int64(rows), np.int32(n)), _launch.rows_aligned(16 // xd.itemsize, n, xd, y))

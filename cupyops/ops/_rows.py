@@ -1,0 +1,82 @@
+"""Launch plans shared by the row-wise operators (softmax, layer_norm, rms_norm).
+
+Each of them has the same rungs above its textbook ones: `fused` (row in registers),
+`cluster` (sm_90: a long row's registers spread over a thread-block cluster) and `staged`
+(rows, or a cluster's share of a long row, copied to shared memory by cp.async), plus one
+rung that handles any row length (`online`, `welford`, `twopass`). A plan is chosen once
+per (op, impl, row length, dtype, device) and memoized, so a small call pays for the
+choice once.
+"""
+import numpy as np
+
+from .. import _arrays, _dtypes, _launch
+from .._kernels import template_name
+
+
+class RowPlan:
+    """A kernel and how to launch it over `rows` rows: the grid, the block, the dynamic
+    shared memory and the trailing kernel arguments (after the op's own)."""
+
+    __slots__ = ("fn", "block", "rows_per_block", "cluster", "smem", "tail", "takes_aligned", "name")
+
+    def __init__(self, fn, name, block, *, rows_per_block=1, cluster=1, smem=0, tail=(), takes_aligned=True):
+        self.fn, self.name, self.block = fn, name, block
+        self.rows_per_block, self.cluster, self.smem = rows_per_block, cluster, smem
+        self.tail = tuple(np.int32(v) for v in tail)
+        self.takes_aligned = takes_aligned
+
+    def launch(self, rows, args, aligned):
+        grid = rows * self.cluster if self.cluster > 1 else _launch.cdiv(rows, self.rows_per_block)
+        tail = self.tail + ((np.int32(aligned),) if self.takes_aligned else ())
+        self.fn((grid,), (self.block,), args + tail, shared_mem=self.smem)
+
+
+_plans = {}
+
+
+def plan(kernels, op, impl, n, dt, fallback, simple_block=512):
+    """The memoized RowPlan of ``op`` for rows of n elements of dtype ``dt``.
+    ``fallback``: the rung that takes any row length, used when the asked rung can't."""
+    key = (op, impl, n, dt, _arrays.cupy_module().cuda.runtime.getDevice())
+    p = _plans.get(key)
+    if p is None:
+        p = _plans[key] = _choose(kernels, op, impl, n, dt, fallback, simple_block)
+    return p
+
+
+def _choose(kernels, op, impl, n, dt, fallback, simple_block):
+    t = _dtypes.cuda_type(dt)
+    props = _launch.device_props()
+
+    def get(name):
+        return kernels.function(name), name
+
+    if impl == "auto":
+        # Measured: float32 rows that fit in registers are as fast fused as staged and
+        # skip the shared-memory round trip; 2-byte types need staging to keep enough
+        # bytes in flight (registers hold them widened to float).
+        impl = "fused" if dt == "float32" and _launch.fused_row_plan(n, dt) else "staged"
+    if impl == "staged":
+        sp = _launch.staged_row_plan(n, _dtypes.itemsize(dt), op, props)
+        if sp is not None:
+            fn, name = get(template_name(f"{op}_staged", t, sp.cluster))
+            _launch.request_smem(fn, sp.smem, props, f"{op} (staged, n={n})")
+            return RowPlan(fn, name, sp.block, rows_per_block=sp.rows_per_block, cluster=sp.cluster,
+                           smem=sp.smem, tail=(sp.chunk, sp.group))
+        impl = fallback
+    if impl in ("fused", "cluster"):
+        fp = _launch.fused_row_plan(n, dt)
+        if fp is not None:
+            vecs, g = fp
+            block = max(g, 256)
+            fn, name = get(template_name(f"{op}_fused", t, vecs))
+            return RowPlan(fn, name, block, rows_per_block=block // g, tail=(g,))
+        if impl == "cluster" and props.cc >= 90:
+            cp_ = _launch.cluster_row_plan(n, dt)
+            if cp_ is not None:
+                vecs, cl, g, chunk = cp_
+                fn, name = get(template_name(f"{op}_cluster", t, vecs, cl))
+                return RowPlan(fn, name, g, cluster=cl, tail=(chunk,))
+        impl = fallback
+    fn, name = get(template_name(f"{op}_{impl}", t))
+    return RowPlan(fn, name, simple_block, takes_aligned=impl == "online")
