@@ -77,7 +77,7 @@ def test_split_plan_covers_rows(R, n, impl):
 def test_vector_group():
     assert reduce.vector_group(17, 4) == 4
     assert reduce.vector_group(8192, 4) == 128  # 16 vectors a thread: 4 batches of 4
-    assert reduce.vector_group(1024, 2) == 4
+    assert reduce.vector_group(1024, 2) == 8
     assert reduce.vector_group(1 << 20, 2) == 512
 
 

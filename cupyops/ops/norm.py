@@ -113,8 +113,8 @@ def _norm_rows(op, impl, dt, xd, wd, bd, y, mean, rstd, rows, n, eps):
     aligned = _launch.rows_aligned(16 // xd.itemsize, n, xd, y, wd, bd)
     eps = np.float32(eps)
     if op == "layer_norm":
-        args = (xd, _p(wd), _p(bd), y, _p(mean), _p(rstd), np.int64(rows), np.int32(n), eps)
+        args = (xd, _p(wd), _p(bd), y, _p(mean), _p(rstd), *_rows.shape_args(rows, n), eps)
     else:
-        args = (xd, _p(wd), y, np.int64(rows), np.int32(n), eps)
+        args = (xd, _p(wd), y, *_rows.shape_args(rows, n), eps)
     fallback = "welford" if op == "layer_norm" else "twopass"
     _rows.plan(KERNELS, op, impl, n, dt, fallback).launch(rows, args, aligned)

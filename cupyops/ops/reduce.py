@@ -215,10 +215,9 @@ def split_plan(R, n, sm_count, impl, vec):
 
 def vector_group(L, itemsize):
     """Threads per virtual row of reduce_rows_vector: enough that each thread runs about
-    four batches of UNROLL 16-byte loads (measured by benchmarks/sweep.py), 4 to 512."""
-    unroll = 8 if itemsize == 2 else 4
+    four batches of 4 16-byte loads (measured by benchmarks/sweep.py), 4 to 512."""
     nvec = _launch.cdiv(L * itemsize, 16)
-    return min(512, builtins.max(4, _launch.pow2_ceil(_launch.cdiv(nvec, 4 * unroll))))
+    return min(512, builtins.max(4, _launch.pow2_ceil(_launch.cdiv(nvec, 16))))
 
 
 def _rows(op, impl, xd, y, R, n, din, dout):

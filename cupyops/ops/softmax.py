@@ -67,4 +67,4 @@ def softmax_rows(impl, xd, y, dt):
     n = xd.shape[-1]
     rows = xd.size // n
     p = _rows.plan(KERNELS, "softmax", impl, n, dt, "online", simple_block=256 if impl == "naive" else 512)
-    p.launch(rows, (xd, y, np.int64(rows), np.int32(n)), _launch.rows_aligned(16 // xd.itemsize, n, xd, y))
+    p.launch(rows, (xd, y, *_rows.shape_args(rows, n)), _launch.rows_aligned(16 // xd.itemsize, n, xd, y))
