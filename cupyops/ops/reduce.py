@@ -23,7 +23,7 @@ VARIANTS = {
 _ROW_LADDER = {
     "naive": "one thread per output row, scalar loop: uncoalesced, the textbook version",
     "block": "one 256-thread block per row, coalesced scalar loads, shared-memory tree",
-    "vector": "16-byte loads, 4 in flight per thread, warp per short row / block per long row, "
+    "vector": "16-byte loads, 4 in flight per thread, a group of threads sized to the row, "
     "shuffle reductions, long rows split into segments plus a second pass",
 }
 VARIANTS["sum"] = dict(_ROW_LADDER)
@@ -204,8 +204,10 @@ def _strided(op, xd, y, outer, R, inner, din, dout):
 def split_plan(R, n, sm_count, impl, vec):
     """(S, L): cut each of R rows of n elements into S segments of L elements so that
     there are enough independent pieces of work to fill ``sm_count`` SMs."""
-    target = {"naive": 256, "block": 8, "vector": 8}[impl] * sm_count
-    min_len = {"naive": 1024, "block": 8192, "vector": 16384}[impl]
+    # Measured: many segments (several waves of blocks) beat one wave of long ones, whose
+    # slowest block sets the end; 16K-element segments keep the second pass negligible.
+    target = {"naive": 256, "block": 64, "vector": 64}[impl] * sm_count
+    min_len = {"naive": 1024, "block": 16384, "vector": 16384}[impl]
     if R >= target or n < 2 * min_len:
         return 1, n
     S = min(_launch.cdiv(target, R), n // min_len)
