@@ -114,14 +114,11 @@ def sweep_rows(op, dt, shape, out):
             if G < 4 or rb * n * item > 96 * 1024 or (rb > 1 and rb * n * item > 32 * 1024 * 2):
                 continue
             fn = kf.function(template_name(f"{op}_staged", t, 1))
-            sp = _launch.StagedPlan(1, block, rb, G, 0, 2 * rb * n * item)
-            if sp.smem > 200 * 1024:
-                continue
-            _launch.request_smem(fn, sp.smem, _launch.device_props(), "sweep")
-            grid = min(_launch.cdiv(R, rb), _launch.device_props().sm_count * sp.resident_blocks(_launch.device_props()))
+            smem = rb * n * item
+            _launch.request_smem(fn, smem, _launch.device_props(), "sweep")
             args = base + (np.int32(0), np.int32(G), np.int32(1))
             yield f"staged block={block} rows/block={rb}", (
-                lambda fn=fn, a=args, bl=block, g=grid, sm=sp.smem: fn((g,), (bl,), a, shared_mem=sm)), nbytes, check
+                lambda fn=fn, a=args, bl=block, rb=rb, sm=smem: fn((_launch.cdiv(R, rb),), (bl,), a, shared_mem=sm)), nbytes, check
     if n * item > 32 * 1024:
         for cl in _launch.CLUSTER_SIZES:
             chunk = _launch.cdiv(_launch.cdiv(n, cl), 16 // item) * (16 // item)

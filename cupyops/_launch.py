@@ -149,14 +149,7 @@ class StagedPlan:
     rows_per_block: int
     group: int  # threads per row (G)
     chunk: int  # elements per block of a cluster (0 when cluster == 1)
-    smem: int  # dynamic shared memory bytes (cluster == 1: two tiles of rows_per_block rows)
-
-    def resident_blocks(self, props):
-        """Blocks of this plan one SM holds at once (threads and shared memory permitting):
-        the persistent grid of the cluster == 1 kernels is this times the SM count."""
-        by_threads = props.max_threads_per_sm // self.block
-        by_smem = props.smem_per_sm // (self.smem + 1024)  # 1 KB: the static scratch
-        return max(1, min(by_threads, by_smem))
+    smem: int  # dynamic shared memory bytes
 
 
 def staged_row_plan(n, itemsize, op, props):
@@ -165,15 +158,14 @@ def staged_row_plan(n, itemsize, op, props):
     vec = 16 // itemsize
     row = n * itemsize
     if row <= MAX_STAGED_ROW_BYTES or props.cc < 90:
-        # two tiles (double buffering): the tile being reduced and the one being fetched
-        if 2 * row > min(props.smem_per_block_optin, 200 * 1024):
+        if row > min(props.smem_per_block_optin, 200 * 1024):
             return None
         block_bytes, thread_bytes = (16384, 128) if row <= SHORT_ROW_BYTES else STAGE_BLOCK_BYTES[op]
         rb = pow2_floor(max(1, block_bytes // row))
         threads = min(1024, max(64, pow2_ceil(cdiv(rb * row, thread_bytes))))
         while rb > 1 and threads // rb < 4:
             rb //= 2
-        return StagedPlan(1, threads, rb, threads // rb, 0, 2 * rb * row)
+        return StagedPlan(1, threads, rb, threads // rb, 0, rb * row)
     for cl in CLUSTER_SIZES:
         chunk = cdiv(cdiv(n, cl), vec) * vec
         if chunk * itemsize <= MAX_STAGED_ROW_BYTES or cl == CLUSTER_SIZES[-1]:

@@ -233,46 +233,6 @@ __device__ __forceinline__ void stage_to_smem(T* s, const T* p, int len, bool al
     __syncthreads();
 }
 
-// Persistent, double-buffered walk over tiles of rb = blockDim.x / G whole rows: while the
-// block works on one tile in shared memory, cp.async is already fetching its next tile into
-// the other buffer, so the memory system never waits for a block's reductions. `buf` holds
-// two tiles (2 * rb * n elements). body(s, row, len, t) runs for every group (len = 0 for a
-// group past the last row: it must still join the group's reductions).
-template <typename T, typename F>
-__device__ __forceinline__ void staged_row_tiles(T* buf, const T* x, i64 rows, int n, int G, bool aligned,
-                                                 F body) {
-    constexpr int N = Vec<T>::N;
-    const int rb = blockDim.x / G, g = threadIdx.x / G, t = threadIdx.x % G;
-    const i64 tiles = (rows + rb - 1) / rb;
-    const int tile = rb * n;
-    auto fetch = [&](T* dst, i64 k) {  // issue the copies of tile k, no wait
-        const T* src = x + k * tile;
-        const int len = (int)min((i64)rb, rows - k * rb) * n;
-        for (int e = threadIdx.x * N; e < len; e += blockDim.x * N) cp_async16(dst + e, src + e);
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    };
-    int cur = 0;
-    if (aligned && blockIdx.x < tiles) fetch(buf, blockIdx.x);
-    for (i64 k = blockIdx.x; k < tiles; k += gridDim.x) {
-        T* s = buf + cur * tile;
-        const int nrows = (int)min((i64)rb, rows - k * rb);
-        if (aligned) {
-            if (k + gridDim.x < tiles) {
-                fetch(buf + (cur ^ 1) * tile, k + gridDim.x);
-                asm volatile("cp.async.wait_group 1;" ::: "memory");  // tile k has landed
-            } else {
-                asm volatile("cp.async.wait_group 0;" ::: "memory");
-            }
-        } else {
-            for (int e = threadIdx.x; e < nrows * n; e += blockDim.x) s[e] = x[k * tile + e];
-        }
-        __syncthreads();
-        body(s + g * n, k * rb + g, g < nrows ? n : 0, t);
-        __syncthreads();  // every read of s is done before it is refilled
-        cur ^= 1;
-    }
-}
-
 // f(e, x) for every element e of s[0, len) owned by thread t of a group of G: 16-byte
 // shared-memory reads (consecutive threads, consecutive vectors: no bank conflicts).
 template <typename T, typename F>

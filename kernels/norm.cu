@@ -313,10 +313,41 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_T
 }
 
 // ------------------------------------------------------------------ staged rung
-// CL == 1: a persistent grid walks tiles of whole rows (blockDim.x / G rows, a group of G
-// threads per row) double-buffered in shared memory (staged_row_tiles). CL > 1 (sm_90): a
-// cluster of CL blocks per row, each staging its chunk. The statistics sweeps and the
-// write read shared memory.
+// The block copies its rows (CL == 1: blockDim.x / G whole rows, a group of G threads per
+// row) or its chunk of one row (CL > 1: a cluster of CL blocks per row) into shared memory
+// with cp.async; the statistics sweeps and the write read shared memory.
+template <typename T, int CL>
+struct StagedRow {
+    const T* s;  // this group's elements in shared memory
+    i64 row;
+    int begin, len, t, rank;
+};
+
+template <typename T, int CL>
+__device__ __forceinline__ StagedRow<T, CL> stage_rows(T* buf, const T* x, i64 rows, int n, int chunk, int G,
+                                                       bool aligned) {
+    StagedRow<T, CL> r;
+    r.t = threadIdx.x % G;
+    if constexpr (CL == 1) {
+        const int rb = blockDim.x / G, g = threadIdx.x / G;
+        const i64 row0 = (i64)blockIdx.x * rb;
+        const int nrows = (int)min((i64)rb, rows - row0);
+        stage_to_smem(buf, x + row0 * n, nrows * n, aligned);
+        r.row = row0 + g;
+        r.len = g < nrows ? n : 0;
+        r.s = buf + g * n;
+        r.begin = r.rank = 0;
+    } else {
+        r.row = blockIdx.x / CL;
+        r.rank = blockIdx.x % CL;
+        r.begin = r.rank * chunk;
+        r.len = max(0, min(n, r.begin + chunk) - r.begin);
+        stage_to_smem(buf, x + r.row * n + r.begin, r.len, aligned);
+        r.s = buf;
+    }
+    return r;
+}
+
 // y = (x - shift) * scale * w + b from shared memory; w, b as 16-byte vectors when aligned.
 template <typename T>
 __device__ __forceinline__ void smem_affine_store(const T* s, T* __restrict__ q, const T* __restrict__ w,
@@ -348,56 +379,29 @@ __device__ __forceinline__ void smem_affine_store(const T* s, T* __restrict__ q,
     }
 }
 
-// (mean, M2) of s[0, len) over a group; every thread of the block must call it.
-template <typename T>
-__device__ __forceinline__ Welford layer_norm_smem_stats(const T* s, int len, int t, int G, bool aligned,
-                                                         float* scratch) {
-    float s1 = 0.f;
-    smem_sweep(s, len, t, G, aligned, [&](int, float v) { s1 += v; });
-    const float tot = group_reduce<FSum>(s1, G, scratch);
-    const float mean = len ? tot / len : 0.f;
-    float m2 = 0.f;
-    smem_sweep(s, len, t, G, aligned, [&](int, float v) { m2 += (v - mean) * (v - mean); });
-    return {(float)len, mean, group_reduce<FSum>(m2, G, scratch)};
-}
-
-template <typename T>
-__device__ __forceinline__ float rms_smem_sumsq(const T* s, int len, int t, int G, bool aligned, float* scratch) {
-    float ss = 0.f;
-    smem_sweep(s, len, t, G, aligned, [&](int, float v) { ss += v * v; });
-    return group_reduce<FSum>(ss, G, scratch);
-}
-
 template <typename T, int CL>
 __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
     layer_norm_staged(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
                       float* __restrict__ mean_out, float* __restrict__ rstd_out, i64 rows, int n, float eps,
                       int chunk, int G, int aligned) {
     extern __shared__ __align__(16) unsigned char smem_bytes[];
-    T* buf = reinterpret_cast<T*>(smem_bytes);
     __shared__ float scratch[32];
-    if constexpr (CL == 1) {
-        staged_row_tiles(buf, x, rows, n, G, aligned, [&](const T* s, i64 row, int len, int t) {
-            const Welford st = layer_norm_smem_stats(s, len, t, G, aligned, scratch);
-            const float rstd = rsqrtf(st.m2 / n + eps);
-            smem_affine_store(s, y + row * n, w, b, len, t, G, aligned, st.mean, rstd);
-            if (mean_out && len && t == 0) {
-                mean_out[row] = st.mean;
-                rstd_out[row] = rstd;
-            }
-        });
-    } else {
+    const StagedRow<T, CL> r = stage_rows<T, CL>(reinterpret_cast<T*>(smem_bytes), x, rows, n, chunk, G, aligned);
+    float s1 = 0.f;
+    smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { s1 += v; });
+    const float tot = group_reduce<FSum>(s1, G, scratch);  // every thread: it may __syncthreads
+    const float mean_b = r.len ? tot / r.len : 0.f;
+    float m2 = 0.f;
+    smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { m2 += (v - mean_b) * (v - mean_b); });
+    m2 = group_reduce<FSum>(m2, G, scratch);
+    float mean = mean_b, rstd = rsqrtf(m2 / n + eps);
+    if constexpr (CL > 1) {
 #if CUOPS_HAS_CLUSTERS
         __shared__ float stats[3], total[2];
-        const i64 row = blockIdx.x / CL;
-        const int rank = blockIdx.x % CL, begin = rank * chunk;
-        const int len = max(0, min(n, begin + chunk) - begin);
-        stage_to_smem(buf, x + row * n + begin, len, aligned);
-        const Welford mine = layer_norm_smem_stats(buf, len, threadIdx.x, G, aligned, scratch);
         if (threadIdx.x == 0) {
-            stats[0] = mine.n;
-            stats[1] = mine.mean;
-            stats[2] = mine.m2;
+            stats[0] = (float)r.len;
+            stats[1] = mean_b;
+            stats[2] = m2;
         }
         cluster_sync();
         if (threadIdx.x < 32) {
@@ -410,16 +414,18 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
                 total[1] = rsqrtf(v.m2 / n + eps);
             }
         }
-        cluster_sync();  // also keeps every block's `stats` alive until all have read them
-        smem_affine_store(buf, y + row * n + begin, w ? w + begin : w, b ? b + begin : b, len, threadIdx.x, G,
-                          aligned, total[0], total[1]);
-        if (mean_out && rank == 0 && threadIdx.x == 0) {
-            mean_out[row] = total[0];
-            rstd_out[row] = total[1];
-        }
+        cluster_sync();
+        mean = total[0];
+        rstd = total[1];
 #else
         __trap();  // launched only on sm_90 and newer
 #endif
+    }
+    smem_affine_store(r.s, y + r.row * n + r.begin, w ? w + r.begin : w, b ? b + r.begin : b, r.len, r.t, G,
+                      aligned, mean, rstd);
+    if (mean_out && r.len && r.t == 0 && r.rank == 0) {
+        mean_out[r.row] = mean;
+        rstd_out[r.row] = rstd;
     }
 }
 
@@ -428,33 +434,27 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
     rms_norm_staged(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, i64 rows, int n, float eps,
                     int chunk, int G, int aligned) {
     extern __shared__ __align__(16) unsigned char smem_bytes[];
-    T* buf = reinterpret_cast<T*>(smem_bytes);
     __shared__ float scratch[32];
-    if constexpr (CL == 1) {
-        staged_row_tiles(buf, x, rows, n, G, aligned, [&](const T* s, i64 row, int len, int t) {
-            const float ss = rms_smem_sumsq(s, len, t, G, aligned, scratch);
-            smem_affine_store(s, y + row * n, w, (const T*)nullptr, len, t, G, aligned, 0.f, rsqrtf(ss / n + eps));
-        });
-    } else {
+    const StagedRow<T, CL> r = stage_rows<T, CL>(reinterpret_cast<T*>(smem_bytes), x, rows, n, chunk, G, aligned);
+    float ss = 0.f;
+    smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { ss += v * v; });
+    ss = group_reduce<FSum>(ss, G, scratch);
+    if constexpr (CL > 1) {
 #if CUOPS_HAS_CLUSTERS
         __shared__ float stats[1], total[1];
-        const i64 row = blockIdx.x / CL;
-        const int begin = (blockIdx.x % CL) * chunk;
-        const int len = max(0, min(n, begin + chunk) - begin);
-        stage_to_smem(buf, x + row * n + begin, len, aligned);
-        const float ss = rms_smem_sumsq(buf, len, threadIdx.x, G, aligned, scratch);
         if (threadIdx.x == 0) stats[0] = ss;
         cluster_sync();
         if (threadIdx.x < 32) {
             float v = threadIdx.x < CL ? ld_dsmem(&stats[0], threadIdx.x) : 0.f;
             v = warp_reduce<FSum>(v);
-            if (threadIdx.x == 0) total[0] = rsqrtf(v / n + eps);
+            if (threadIdx.x == 0) total[0] = v;
         }
         cluster_sync();
-        smem_affine_store(buf, y + row * n + begin, w ? w + begin : w, (const T*)nullptr, len, threadIdx.x, G,
-                          aligned, 0.f, total[0]);
+        ss = total[0];
 #else
         __trap();  // launched only on sm_90 and newer
 #endif
     }
+    smem_affine_store(r.s, y + r.row * n + r.begin, w ? w + r.begin : w, (const T*)nullptr, r.len, r.t, G, aligned,
+                      0.f, rsqrtf(ss / n + eps));
 }

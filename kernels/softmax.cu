@@ -158,63 +158,49 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_T
 #endif
 }
 
-// Staged rung. CL == 1: a persistent grid walks tiles of whole rows (blockDim.x / G rows,
-// a group of G threads per row) double-buffered in shared memory (staged_row_tiles).
-// CL > 1 (sm_90): a cluster of CL blocks per row, each staging its chunk. Max, sum and the
-// write all read shared memory.
-template <typename T>
-__device__ __forceinline__ MaxSum softmax_smem_stats(const T* s, int len, int t, int G, bool aligned,
-                                                     float* scratch) {
-    float m = -CUOPS_INF;
-    smem_sweep(s, len, t, G, aligned, [&](int, float v) { m = fmaxf(m, v); });
-    m = group_reduce<FMax>(m, G, scratch);
-    const float mu = safe_max(m);
-    float sum = 0.f;
-    smem_sweep(s, len, t, G, aligned, [&](int, float v) { sum += __expf(v - mu); });
-    return {m, group_reduce<FSum>(sum, G, scratch)};
-}
-
-// q[e] = exp(s[e] - mu) * scale
-template <typename T>
-__device__ __forceinline__ void softmax_smem_store(const T* s, T* __restrict__ q, int len, int t, int G,
-                                                   bool aligned, float mu, float scale) {
-    constexpr int N = Vec<T>::N;
-    if (aligned) {
-        for (int e0 = t * N; e0 < len; e0 += G * N) {
-            const uint4 raw = *reinterpret_cast<const uint4*>(s + e0);
-            const T* e = reinterpret_cast<const T*>(&raw);
-            float o[N];
-#pragma unroll
-            for (int j = 0; j < N; ++j) o[j] = __expf(to_f32(e[j]) - mu) * scale;
-            store_vec(q + e0, o);
-        }
-    } else {
-        for (int e = t; e < len; e += G) q[e] = from_f32<T>(__expf(to_f32(s[e]) - mu) * scale);
-    }
-}
-
+// Staged rung: the block copies its rows (CL == 1: blockDim.x / G whole rows, a group of
+// G threads per row) or its chunk of one row (CL > 1: a cluster of CL blocks per row) into
+// shared memory with cp.async, then max, sum and the write all read shared memory.
 template <typename T, int CL>
 __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
     softmax_staged(const T* __restrict__ x, T* __restrict__ y, i64 rows, int n, int chunk, int G, int aligned) {
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     T* buf = reinterpret_cast<T*>(smem_bytes);
     __shared__ float scratch[32];
+    constexpr int N = Vec<T>::N;
+    i64 row;
+    int len, rank = 0;
+    const T* s;
     if constexpr (CL == 1) {
-        staged_row_tiles(buf, x, rows, n, G, aligned, [&](const T* s, i64 row, int len, int t) {
-            const MaxSum st = softmax_smem_stats(s, len, t, G, aligned, scratch);
-            softmax_smem_store(s, y + row * n, len, t, G, aligned, safe_max(st.m), 1.f / st.s);
-        });
+        const int rb = blockDim.x / G, g = threadIdx.x / G;
+        const i64 row0 = (i64)blockIdx.x * rb;
+        const int nrows = (int)min((i64)rb, rows - row0);
+        stage_to_smem(buf, x + row0 * n, nrows * n, aligned);
+        row = row0 + g;
+        len = g < nrows ? n : 0;
+        s = buf + g * n;
     } else {
+        row = blockIdx.x / CL;
+        rank = blockIdx.x % CL;
+        const int begin = rank * chunk;
+        len = max(0, min(n, begin + chunk) - begin);
+        stage_to_smem(buf, x + row * n + begin, len, aligned);
+        s = buf;
+    }
+    const int t = threadIdx.x % G;
+    float m = -CUOPS_INF;
+    smem_sweep(s, len, t, G, aligned, [&](int, float v) { m = fmaxf(m, v); });
+    m = group_reduce<FMax>(m, G, scratch);
+    float mu = safe_max(m), sum = 0.f;
+    smem_sweep(s, len, t, G, aligned, [&](int, float v) { sum += __expf(v - mu); });
+    sum = group_reduce<FSum>(sum, G, scratch);
+    float scale = 1.f / sum;
+    if constexpr (CL > 1) {
 #if CUOPS_HAS_CLUSTERS
         __shared__ float stats[2], total[2];
-        const i64 row = blockIdx.x / CL;
-        const int begin = (blockIdx.x % CL) * chunk;
-        const int len = max(0, min(n, begin + chunk) - begin);
-        stage_to_smem(buf, x + row * n + begin, len, aligned);
-        const MaxSum mine = softmax_smem_stats(buf, len, threadIdx.x, G, aligned, scratch);
         if (threadIdx.x == 0) {
-            stats[0] = mine.m;
-            stats[1] = mine.s;
+            stats[0] = m;
+            stats[1] = sum;
         }
         cluster_sync();
         if (threadIdx.x < 32) {
@@ -231,12 +217,24 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
                 total[1] = v.s;
             }
         }
-        cluster_sync();  // also keeps every block's `stats` alive until all have read them
-        float scale = __int_as_float(0x7fc00000);  // an all -inf row is NaN everywhere
-        if (total[0] != -CUOPS_INF) scale = (mine.m == -CUOPS_INF) ? 0.f : __expf(mine.m - total[0]) / total[1];
-        softmax_smem_store(buf, y + row * n + begin, len, threadIdx.x, G, aligned, safe_max(mine.m), scale);
+        cluster_sync();
+        scale = __int_as_float(0x7fc00000);  // an all -inf row is NaN everywhere
+        if (total[0] != -CUOPS_INF) scale = (m == -CUOPS_INF) ? 0.f : __expf(m - total[0]) / total[1];
 #else
         __trap();  // launched only on sm_90 and newer
 #endif
+    }
+    T* q = y + row * n + rank * chunk;
+    if (aligned) {
+        for (int e0 = t * N; e0 < len; e0 += G * N) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(s + e0);
+            const T* e = reinterpret_cast<const T*>(&raw);
+            float o[N];
+#pragma unroll
+            for (int j = 0; j < N; ++j) o[j] = __expf(to_f32(e[j]) - mu) * scale;
+            store_vec(q + e0, o);
+        }
+    } else {
+        for (int e = t; e < len; e += G) q[e] = from_f32<T>(__expf(to_f32(s[e]) - mu) * scale);
     }
 }

@@ -17,23 +17,16 @@ class RowPlan:
     """A kernel and how to launch it over `rows` rows: the grid, the block, the dynamic
     shared memory and the trailing kernel arguments (after the op's own)."""
 
-    __slots__ = ("fn", "block", "rows_per_block", "cluster", "smem", "tail", "takes_aligned", "name", "max_grid")
+    __slots__ = ("fn", "block", "rows_per_block", "cluster", "smem", "tail", "takes_aligned", "name")
 
-    def __init__(self, fn, name, block, *, rows_per_block=1, cluster=1, smem=0, tail=(), takes_aligned=True,
-                 max_grid=None):
+    def __init__(self, fn, name, block, *, rows_per_block=1, cluster=1, smem=0, tail=(), takes_aligned=True):
         self.fn, self.name, self.block = fn, name, block
         self.rows_per_block, self.cluster, self.smem = rows_per_block, cluster, smem
         self.tail = tuple(np.int32(v) for v in tail)
         self.takes_aligned = takes_aligned
-        self.max_grid = max_grid  # a persistent kernel: at most this many blocks
 
     def launch(self, rows, args, aligned):
-        if self.cluster > 1:
-            grid = rows * self.cluster
-        else:
-            grid = _launch.cdiv(rows, self.rows_per_block)
-            if self.max_grid is not None:
-                grid = min(grid, self.max_grid)
+        grid = rows * self.cluster if self.cluster > 1 else _launch.cdiv(rows, self.rows_per_block)
         tail = self.tail + (_ALIGNED[aligned],) if self.takes_aligned else self.tail
         self.fn((grid,), (self.block,), args + tail, shared_mem=self.smem)
 
@@ -83,9 +76,8 @@ def _choose(kernels, op, impl, n, dt, fallback, simple_block):
         if sp is not None:
             fn, name = get(template_name(f"{op}_staged", t, sp.cluster))
             _launch.request_smem(fn, sp.smem, props, f"{op} (staged, n={n})")
-            persistent = props.sm_count * sp.resident_blocks(props) if sp.cluster == 1 else None
             return RowPlan(fn, name, sp.block, rows_per_block=sp.rows_per_block, cluster=sp.cluster,
-                           smem=sp.smem, tail=(sp.chunk, sp.group), max_grid=persistent)
+                           smem=sp.smem, tail=(sp.chunk, sp.group))
         impl = fallback
     if impl in ("fused", "cluster"):
         fp = _launch.fused_row_plan(n, dt)
