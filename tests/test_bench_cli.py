@@ -121,11 +121,11 @@ def test_case_properties():
 
 
 # ------------------------------------------------------------------------ impls and plan
-def test_default_impls_are_the_ladder_then_baselines():
+def test_default_impls_are_the_ladder_then_auto_then_baselines():
     c = cases.Case("softmax", "float32", (64, 64))
     names = [(i.name, i.kind) for i in cases.impls_for(c, VARIANTS["softmax"])]
     assert names == [("naive", "variant"), ("online", "variant"), ("fused", "variant"),
-                     ("cupy", "baseline"), ("torch", "baseline")]
+                     ("auto", "auto"), ("cupy", "baseline"), ("torch", "baseline")]
     ln = cases.Case("layer_norm", "float32", (64, 64))
     assert [i.name for i in cases.impls_for(ln, VARIANTS["layer_norm"])][-1] == "torch"
     assert "cupy" not in [i.name for i in cases.impls_for(ln, VARIANTS["layer_norm"])]
@@ -189,8 +189,8 @@ def test_list_prints_the_plan_without_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(cli, "load_variants", fake_variants)
     assert cli.main(["--op", "rms_norm", "--suite", "full", "--list"]) == 0
     out = capsys.readouterr().out
-    assert "rms_norm axis=-1 float32 16384x8192: twopass (skipped), fused, torch" in out
-    assert out.strip().endswith("9 cases, 18 impl runs")
+    assert "rms_norm axis=-1 float32 16384x8192: twopass (skipped), fused, auto, torch" in out
+    assert out.strip().endswith("9 cases, 27 impl runs")
 
 
 def test_help_works_without_cupy():

@@ -298,7 +298,7 @@ def impls_for(case, ladder, requested=None, baselines=True, skip_slow=False,
               slow_limit=SLOW_LIMIT):
     """The impls to run on ``case``: ladder order, then 'auto', then baselines."""
     ladder = list(ladder)
-    wanted = requested if requested else [*ladder, *BASELINES[case.op]]
+    wanted = requested if requested else [*ladder, "auto", *BASELINES[case.op]]
     out = []
     for name in ladder + ["auto"]:
         if name not in wanted:
