@@ -178,4 +178,9 @@ def staged_row_plan(n, itemsize, op, props):
 
 def rows_aligned(vec, n, *arrays):
     """16-byte vector access is safe when every row starts on a 16-byte boundary."""
-    return n % vec == 0 and all(a.data.ptr % 16 == 0 for a in arrays if a is not None)
+    if n % vec:
+        return False
+    for a in arrays:  # a plain loop: this runs on every call of a small operator
+        if a is not None and a.data.ptr & 15:
+            return False
+    return True
