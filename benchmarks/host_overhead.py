@@ -6,6 +6,7 @@ import cupy as cp
 import numpy as np
 
 import cupyops
+from cupyops.ops import _rows
 from cupyops.ops import softmax as sm
 
 
@@ -24,11 +25,11 @@ def per_call(fn, n=3000):
 x = cp.random.standard_normal((1, 1024), dtype=cp.float32)
 y = cp.empty_like(x)
 cupyops.softmax(x)
-plan = sm._plan("auto", 1024, "float32")
-args = (x, y, np.int64(1), np.int32(1024), np.int32(plan.extra), np.int32(1))
+plan = _rows.plan(sm.KERNELS, "softmax", "auto", 1024, "float32", "online")
+args = (x, y, np.int64(1), np.int32(1024), *plan.tail, np.int32(1))
 rows = {
     "cp.empty((1, 1024))": lambda: cp.empty((1, 1024), cp.float32),
-    "bare RawKernel launch": lambda: plan.fn((1,), (plan.block,), args),
+    "bare RawKernel launch": lambda: plan.fn((1,), (plan.block,), args, shared_mem=plan.smem),
     "softmax_rows (plan + launch)": lambda: sm.softmax_rows("auto", x, y, "float32"),
     "cupyops.softmax(x, out=y)": lambda: cupyops.softmax(x, out=y),
     "cupyops.softmax(x)": lambda: cupyops.softmax(x),
