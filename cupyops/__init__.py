@@ -21,6 +21,7 @@ __all__ = [
     "amax",
     "layer_norm",
     "max",
+    "reference",
     "rms_norm",
     "softmax",
     "sum",

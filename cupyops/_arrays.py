@@ -9,8 +9,6 @@ import operator
 
 import numpy as np
 
-from . import _dtypes
-
 try:
     from numpy.exceptions import AxisError
 except ImportError:  # numpy < 1.25

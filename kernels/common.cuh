@@ -209,6 +209,19 @@ template <typename T, int VECS> struct RowRegs {
     }
 };
 
+// The row a thread's group owns in the register rungs: blockDim.x / G rows a block. A group
+// past the last row still joins the reductions (shuffles, barriers), on nothing (len 0).
+struct RowSlot {
+    i64 row;
+    int t, len;
+    bool active;
+};
+__device__ __forceinline__ RowSlot row_slot(i64 rows, int n, int G) {
+    const i64 r0 = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
+    const bool active = r0 < rows;
+    return {active ? r0 : 0, static_cast<int>(threadIdx.x % G), active ? n : 0, active};
+}
+
 // ---------------------------------------------------------------- rows staged in shared memory
 // cp.async copies 16 bytes global -> shared without passing through registers, so a thread
 // can have any number of them in flight: the bytes a block keeps in flight are bounded by
@@ -231,6 +244,41 @@ __device__ __forceinline__ void stage_to_smem(T* s, const T* p, int len, bool al
         for (int e = threadIdx.x; e < len; e += blockDim.x) s[e] = p[e];
     }
     __syncthreads();
+}
+
+// What a group of the staged rungs works on after staging. CL == 1: the block stages
+// blockDim.x / G whole rows, one per group of G threads. CL > 1: the block is one of a
+// cluster of CL blocks sharing a row and stages its chunk [begin, begin + len).
+template <typename T>
+struct StagedRow {
+    const T* s;  // this group's elements in shared memory
+    i64 row;
+    int begin, len, t, rank;
+};
+
+template <typename T, int CL>
+__device__ __forceinline__ StagedRow<T> stage_rows(T* buf, const T* x, i64 rows, int n, int chunk, int G,
+                                                   bool aligned) {
+    StagedRow<T> r;
+    r.t = threadIdx.x % G;
+    if constexpr (CL == 1) {
+        const int rb = blockDim.x / G, g = threadIdx.x / G;
+        const i64 row0 = (i64)blockIdx.x * rb;
+        const int nrows = (int)min((i64)rb, rows - row0);
+        stage_to_smem(buf, x + row0 * n, nrows * n, aligned);
+        r.row = row0 + g;
+        r.len = g < nrows ? n : 0;
+        r.s = buf + g * n;
+        r.begin = r.rank = 0;
+    } else {
+        r.row = blockIdx.x / CL;
+        r.rank = blockIdx.x % CL;
+        r.begin = r.rank * chunk;
+        r.len = max(0, min(n, r.begin + chunk) - r.begin);
+        stage_to_smem(buf, x + r.row * n + r.begin, r.len, aligned);
+        r.s = buf;
+    }
+    return r;
 }
 
 // f(e, x) for every element e of s[0, len) owned by thread t of a group of G: 16-byte
@@ -268,6 +316,42 @@ __device__ __forceinline__ float ld_dsmem(const float* local, unsigned rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
     return v;
+}
+
+// Every block of a cluster of CL (a power of two) contributes one S (a struct of floats);
+// every block gets the combination of all CL. The same butterfly runs in every block on
+// the same values, so all blocks get the same bits, whatever `combine`'s symmetry.
+template <int CL, typename S, typename Combine>
+__device__ __forceinline__ S cluster_allreduce(S mine, Combine combine) {
+    constexpr int K = sizeof(S) / sizeof(float);
+    __shared__ float slot[K], total[K];
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) slot[k] = reinterpret_cast<const float*>(&mine)[k];
+    }
+    cluster_sync();
+    if (threadIdx.x < 32) {
+        S v;
+#pragma unroll
+        for (int k = 0; k < K; ++k) reinterpret_cast<float*>(&v)[k] = ld_dsmem(&slot[k], threadIdx.x % CL);
+#pragma unroll
+        for (int o = CL / 2; o > 0; o >>= 1) {
+            S w;
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+                reinterpret_cast<float*>(&w)[k] = __shfl_xor_sync(0xffffffffu, reinterpret_cast<float*>(&v)[k], o);
+            v = combine(v, w);
+        }
+        if (threadIdx.x == 0) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) total[k] = reinterpret_cast<const float*>(&v)[k];
+        }
+    }
+    cluster_sync();  // also keeps every block's `slot` alive until all have read it
+    S out;
+#pragma unroll
+    for (int k = 0; k < K; ++k) reinterpret_cast<float*>(&out)[k] = total[k];
+    return out;
 }
 #else
 #define CUOPS_HAS_CLUSTERS 0

@@ -174,26 +174,27 @@ __global__ void layer_norm_welford(const T* __restrict__ x, const T* __restrict_
     }
 }
 
+// The combination of the blocks' Welford states of a cluster.
+template <int CL>
+__device__ __forceinline__ Welford cluster_welford(Welford mine) {
+    return cluster_allreduce<CL>(mine, [](Welford a, Welford b) { return combine(a, b); });
+}
+
 template <typename T, int VECS>
 __global__ void __launch_bounds__(RowRegs<T, VECS>::MAX_THREADS)
     layer_norm_fused(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
                      float* __restrict__ mean_out, float* __restrict__ rstd_out, i64 rows, int n, float eps,
                      int G, int aligned) {
     __shared__ float scratch[32];
-    const i64 row0 = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
-    const int t = threadIdx.x % G;
-    // a group past the last row still joins the reductions (shuffles, barriers), on nothing
-    const bool active = row0 < rows;
-    const i64 row = active ? row0 : 0;
-    const int len = active ? n : 0;
+    const RowSlot rs = row_slot(rows, n, G);
     RowRegs<T, VECS> r;
-    r.load(x + row * n, len, t, G, aligned, 0.f);
+    r.load(x + rs.row * n, rs.len, rs.t, G, aligned, 0.f);
     const float mean = group_reduce<FSum>(regs_sum(r, false), G, scratch) / n;
-    const float rstd = rsqrtf(group_reduce<FSum>(sq_dev_sum(r, len, t, G, mean), G, scratch) / n + eps);
-    affine_store(r, y + row * n, w, b, len, t, G, aligned, mean, rstd);
-    if (active && t == 0 && mean_out) {
-        mean_out[row] = mean;
-        rstd_out[row] = rstd;
+    const float rstd = rsqrtf(group_reduce<FSum>(sq_dev_sum(r, rs.len, rs.t, G, mean), G, scratch) / n + eps);
+    affine_store(r, y + rs.row * n, w, b, rs.len, rs.t, G, aligned, mean, rstd);
+    if (rs.active && rs.t == 0 && mean_out) {
+        mean_out[rs.row] = mean;
+        rstd_out[rs.row] = rstd;
     }
 }
 
@@ -204,40 +205,22 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_T
                        int chunk, int aligned) {
 #if CUOPS_HAS_CLUSTERS
     __shared__ float scratch[32];
-    __shared__ float stats[3];  // this block's (count, mean, M2), read by the whole cluster
-    __shared__ float total[2];  // the row's mean and rstd
     const i64 row = blockIdx.x / CL;
-    const int rank = blockIdx.x % CL;
-    const int begin = rank * chunk;
+    const int rank = blockIdx.x % CL, begin = rank * chunk;
     const int len = max(0, min(n, begin + chunk) - begin);
     const int G = blockDim.x;
     RowRegs<T, VECS> r;
     r.load(x + row * n + begin, len, threadIdx.x, G, aligned, 0.f);
-    const float cnt = (float)len;
-    const float mean_b = len ? group_reduce<FSum>(regs_sum(r, false), G, scratch) / cnt : 0.f;
+    const float sum = group_reduce<FSum>(regs_sum(r, false), G, scratch);
+    const float mean_b = len ? sum / len : 0.f;
     const float m2_b = group_reduce<FSum>(sq_dev_sum(r, len, threadIdx.x, G, mean_b), G, scratch);
-    if (threadIdx.x == 0) {
-        stats[0] = cnt;
-        stats[1] = mean_b;
-        stats[2] = m2_b;
-    }
-    cluster_sync();
-    if (threadIdx.x < 32) {
-        const unsigned lane = threadIdx.x;
-        Welford v = {0.f, 0.f, 0.f};
-        if (lane < CL) v = {ld_dsmem(&stats[0], lane), ld_dsmem(&stats[1], lane), ld_dsmem(&stats[2], lane)};
-        v = warp_welford(v);
-        if (lane == 0) {
-            total[0] = v.mean;
-            total[1] = rsqrtf(v.m2 / n + eps);
-        }
-    }
-    cluster_sync();  // also keeps every block's `stats` alive until all have read them
+    const Welford all = cluster_welford<CL>(Welford{(float)len, mean_b, m2_b});
+    const float rstd = rsqrtf(all.m2 / n + eps);
     affine_store(r, y + row * n + begin, w ? w + begin : w, b ? b + begin : b, len, threadIdx.x, G, aligned,
-                 total[0], total[1]);
+                 all.mean, rstd);
     if (rank == 0 && threadIdx.x == 0 && mean_out) {
-        mean_out[row] = total[0];
-        rstd_out[row] = total[1];
+        mean_out[row] = all.mean;
+        rstd_out[row] = rstd;
     }
 #else
     __trap();  // launched only on sm_90 and newer
@@ -269,16 +252,11 @@ __global__ void __launch_bounds__(RowRegs<T, VECS>::MAX_THREADS) rms_norm_fused(
                                                        T* __restrict__ y, i64 rows, int n, float eps, int G,
                                                        int aligned) {
     __shared__ float scratch[32];
-    const i64 row0 = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
-    const int t = threadIdx.x % G;
-    // a group past the last row still joins the reductions (shuffles, barriers), on nothing
-    const bool active = row0 < rows;
-    const i64 row = active ? row0 : 0;
-    const int len = active ? n : 0;
+    const RowSlot rs = row_slot(rows, n, G);
     RowRegs<T, VECS> r;
-    r.load(x + row * n, len, t, G, aligned, 0.f);
+    r.load(x + rs.row * n, rs.len, rs.t, G, aligned, 0.f);
     const float rstd = rsqrtf(group_reduce<FSum>(regs_sum(r, true), G, scratch) / n + eps);
-    affine_store(r, y + row * n, w, (const T*)nullptr, len, t, G, aligned, 0.f, rstd);
+    affine_store(r, y + rs.row * n, w, (const T*)nullptr, rs.len, rs.t, G, aligned, 0.f, rstd);
 }
 
 template <typename T, int VECS, int CL>
@@ -287,26 +265,16 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_T
                      float eps, int chunk, int aligned) {
 #if CUOPS_HAS_CLUSTERS
     __shared__ float scratch[32];
-    __shared__ float stats[1];
-    __shared__ float total[1];
     const i64 row = blockIdx.x / CL;
-    const int rank = blockIdx.x % CL;
-    const int begin = rank * chunk;
+    const int begin = (blockIdx.x % CL) * chunk;
     const int len = max(0, min(n, begin + chunk) - begin);
     const int G = blockDim.x;
     RowRegs<T, VECS> r;
     r.load(x + row * n + begin, len, threadIdx.x, G, aligned, 0.f);
     const float ss = group_reduce<FSum>(regs_sum(r, true), G, scratch);
-    if (threadIdx.x == 0) stats[0] = ss;
-    cluster_sync();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < CL ? ld_dsmem(&stats[0], threadIdx.x) : 0.f;
-        v = warp_reduce<FSum>(v);
-        if (threadIdx.x == 0) total[0] = rsqrtf(v / n + eps);
-    }
-    cluster_sync();
+    const float all = cluster_allreduce<CL>(ss, [](float a, float b) { return a + b; });
     affine_store(r, y + row * n + begin, w ? w + begin : w, (const T*)nullptr, len, threadIdx.x, G, aligned, 0.f,
-                 total[0]);
+                 rsqrtf(all / n + eps));
 #else
     __trap();  // launched only on sm_90 and newer
 #endif
@@ -315,39 +283,7 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_T
 // ------------------------------------------------------------------ staged rung
 // The block copies its rows (CL == 1: blockDim.x / G whole rows, a group of G threads per
 // row) or its chunk of one row (CL > 1: a cluster of CL blocks per row) into shared memory
-// with cp.async; the statistics sweeps and the write read shared memory.
-template <typename T, int CL>
-struct StagedRow {
-    const T* s;  // this group's elements in shared memory
-    i64 row;
-    int begin, len, t, rank;
-};
-
-template <typename T, int CL>
-__device__ __forceinline__ StagedRow<T, CL> stage_rows(T* buf, const T* x, i64 rows, int n, int chunk, int G,
-                                                       bool aligned) {
-    StagedRow<T, CL> r;
-    r.t = threadIdx.x % G;
-    if constexpr (CL == 1) {
-        const int rb = blockDim.x / G, g = threadIdx.x / G;
-        const i64 row0 = (i64)blockIdx.x * rb;
-        const int nrows = (int)min((i64)rb, rows - row0);
-        stage_to_smem(buf, x + row0 * n, nrows * n, aligned);
-        r.row = row0 + g;
-        r.len = g < nrows ? n : 0;
-        r.s = buf + g * n;
-        r.begin = r.rank = 0;
-    } else {
-        r.row = blockIdx.x / CL;
-        r.rank = blockIdx.x % CL;
-        r.begin = r.rank * chunk;
-        r.len = max(0, min(n, r.begin + chunk) - r.begin);
-        stage_to_smem(buf, x + r.row * n + r.begin, r.len, aligned);
-        r.s = buf;
-    }
-    return r;
-}
-
+// with cp.async (stage_rows); the statistics sweeps and the write read shared memory.
 // y = (x - shift) * scale * w + b from shared memory; w, b as 16-byte vectors when aligned.
 template <typename T>
 __device__ __forceinline__ void smem_affine_store(const T* s, T* __restrict__ q, const T* __restrict__ w,
@@ -386,7 +322,7 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
                       int chunk, int G, int aligned) {
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     __shared__ float scratch[32];
-    const StagedRow<T, CL> r = stage_rows<T, CL>(reinterpret_cast<T*>(smem_bytes), x, rows, n, chunk, G, aligned);
+    const StagedRow<T> r = stage_rows<T, CL>(reinterpret_cast<T*>(smem_bytes), x, rows, n, chunk, G, aligned);
     float s1 = 0.f;
     smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { s1 += v; });
     const float tot = group_reduce<FSum>(s1, G, scratch);  // every thread: it may __syncthreads
@@ -397,26 +333,9 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
     float mean = mean_b, rstd = rsqrtf(m2 / n + eps);
     if constexpr (CL > 1) {
 #if CUOPS_HAS_CLUSTERS
-        __shared__ float stats[3], total[2];
-        if (threadIdx.x == 0) {
-            stats[0] = (float)r.len;
-            stats[1] = mean_b;
-            stats[2] = m2;
-        }
-        cluster_sync();
-        if (threadIdx.x < 32) {
-            const unsigned lane = threadIdx.x;
-            Welford v = {0.f, 0.f, 0.f};
-            if (lane < CL) v = {ld_dsmem(&stats[0], lane), ld_dsmem(&stats[1], lane), ld_dsmem(&stats[2], lane)};
-            v = warp_welford(v);
-            if (lane == 0) {
-                total[0] = v.mean;
-                total[1] = rsqrtf(v.m2 / n + eps);
-            }
-        }
-        cluster_sync();
-        mean = total[0];
-        rstd = total[1];
+        const Welford all = cluster_welford<CL>(Welford{(float)r.len, mean_b, m2});
+        mean = all.mean;
+        rstd = rsqrtf(all.m2 / n + eps);
 #else
         __trap();  // launched only on sm_90 and newer
 #endif
@@ -435,22 +354,13 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
                     int chunk, int G, int aligned) {
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     __shared__ float scratch[32];
-    const StagedRow<T, CL> r = stage_rows<T, CL>(reinterpret_cast<T*>(smem_bytes), x, rows, n, chunk, G, aligned);
+    const StagedRow<T> r = stage_rows<T, CL>(reinterpret_cast<T*>(smem_bytes), x, rows, n, chunk, G, aligned);
     float ss = 0.f;
     smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { ss += v * v; });
     ss = group_reduce<FSum>(ss, G, scratch);
     if constexpr (CL > 1) {
 #if CUOPS_HAS_CLUSTERS
-        __shared__ float stats[1], total[1];
-        if (threadIdx.x == 0) stats[0] = ss;
-        cluster_sync();
-        if (threadIdx.x < 32) {
-            float v = threadIdx.x < CL ? ld_dsmem(&stats[0], threadIdx.x) : 0.f;
-            v = warp_reduce<FSum>(v);
-            if (threadIdx.x == 0) total[0] = v;
-        }
-        cluster_sync();
-        ss = total[0];
+        ss = cluster_allreduce<CL>(ss, [](float a, float b) { return a + b; });
 #else
         __trap();  // launched only on sm_90 and newer
 #endif

@@ -98,17 +98,19 @@ template <typename T, int VECS>
 __global__ void __launch_bounds__(RowRegs<T, VECS>::MAX_THREADS) softmax_fused(const T* __restrict__ x, T* __restrict__ y,
                                                       i64 rows, int n, int G, int aligned) {
     __shared__ float scratch[32];
-    const i64 row0 = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
-    const int t = threadIdx.x % G;
-    // a group past the last row still joins the reductions (shuffles, barriers), on nothing
-    const bool active = row0 < rows;
-    const i64 row = active ? row0 : 0;
-    const int len = active ? n : 0;
+    const RowSlot rs = row_slot(rows, n, G);
     RowRegs<T, VECS> r;
-    r.load(x + row * n, len, t, G, aligned, -CUOPS_INF);
+    r.load(x + rs.row * n, rs.len, rs.t, G, aligned, -CUOPS_INF);
     const MaxSum st = softmax_chunk_stats(r, G, scratch);
     const float mu = safe_max(st.m), inv = 1.f / st.s;
-    r.store(y + row * n, len, t, G, aligned, [=](float v) { return __expf(v - mu) * inv; });
+    r.store(y + rs.row * n, rs.len, rs.t, G, aligned, [=](float v) { return __expf(v - mu) * inv; });
+}
+
+// The scale of a cluster block's exp(x - its own max) values once the row's (max, sum) is
+// known: an all -inf row is NaN everywhere; an all -inf chunk of a finite row is 0.
+__device__ __forceinline__ float cluster_softmax_scale(MaxSum mine, MaxSum row) {
+    if (row.m == -CUOPS_INF) return __int_as_float(0x7fc00000);
+    return (mine.m == -CUOPS_INF) ? 0.f : __expf(mine.m - row.m) / row.s;
 }
 
 // CL blocks per row; block `rank` owns elements [rank * chunk, (rank + 1) * chunk).
@@ -117,41 +119,15 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_T
     softmax_cluster(const T* __restrict__ x, T* __restrict__ y, i64 rows, int n, int chunk, int aligned) {
 #if CUOPS_HAS_CLUSTERS
     __shared__ float scratch[32];
-    __shared__ float stats[2];  // this block's (max, sum), read by the whole cluster
-    __shared__ float total[2];  // the row's (max, sum)
     const i64 row = blockIdx.x / CL;
-    const int rank = blockIdx.x % CL;
-    const int begin = rank * chunk;
+    const int begin = (blockIdx.x % CL) * chunk;
     const int len = max(0, min(n, begin + chunk) - begin);
     const int G = blockDim.x;
     RowRegs<T, VECS> r;
     r.load(x + row * n + begin, len, threadIdx.x, G, aligned, -CUOPS_INF);
     const MaxSum mine = softmax_chunk_stats(r, G, scratch);
-    if (threadIdx.x == 0) {
-        stats[0] = mine.m;
-        stats[1] = mine.s;
-    }
-    cluster_sync();
-    if (threadIdx.x < 32) {
-        const unsigned lane = threadIdx.x;
-        MaxSum v = {-CUOPS_INF, 0.f};
-        if (lane < CL) v = {ld_dsmem(&stats[0], lane), ld_dsmem(&stats[1], lane)};
-        // a butterfly: every lane ends with the same bits (the combine is commutative)
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            MaxSum w = {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
-            v = combine(v, w);
-        }
-        if (lane == 0) {
-            total[0] = v.m;
-            total[1] = v.s;
-        }
-    }
-    cluster_sync();  // also keeps every block's `stats` alive until all have read them
-    // an all -inf row is NaN everywhere; an all -inf chunk of a finite row is 0
-    float a = __int_as_float(0x7fc00000);
-    if (total[0] != -CUOPS_INF) a = (mine.m == -CUOPS_INF) ? 0.f : __expf(mine.m - total[0]) / total[1];
-    const float mu = safe_max(mine.m);
+    const MaxSum all = cluster_allreduce<CL>(mine, [](MaxSum a, MaxSum b) { return combine(a, b); });
+    const float mu = safe_max(mine.m), a = cluster_softmax_scale(mine, all);
     r.store(y + row * n + begin, len, threadIdx.x, G, aligned, [=](float v) { return __expf(v - mu) * a; });
 #else
     __trap();  // launched only on sm_90 and newer
@@ -165,69 +141,29 @@ template <typename T, int CL>
 __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
     softmax_staged(const T* __restrict__ x, T* __restrict__ y, i64 rows, int n, int chunk, int G, int aligned) {
     extern __shared__ __align__(16) unsigned char smem_bytes[];
-    T* buf = reinterpret_cast<T*>(smem_bytes);
     __shared__ float scratch[32];
     constexpr int N = Vec<T>::N;
-    i64 row;
-    int len, rank = 0;
-    const T* s;
-    if constexpr (CL == 1) {
-        const int rb = blockDim.x / G, g = threadIdx.x / G;
-        const i64 row0 = (i64)blockIdx.x * rb;
-        const int nrows = (int)min((i64)rb, rows - row0);
-        stage_to_smem(buf, x + row0 * n, nrows * n, aligned);
-        row = row0 + g;
-        len = g < nrows ? n : 0;
-        s = buf + g * n;
-    } else {
-        row = blockIdx.x / CL;
-        rank = blockIdx.x % CL;
-        const int begin = rank * chunk;
-        len = max(0, min(n, begin + chunk) - begin);
-        stage_to_smem(buf, x + row * n + begin, len, aligned);
-        s = buf;
-    }
-    const int t = threadIdx.x % G;
+    const StagedRow<T> r = stage_rows<T, CL>(reinterpret_cast<T*>(smem_bytes), x, rows, n, chunk, G, aligned);
     float m = -CUOPS_INF;
-    smem_sweep(s, len, t, G, aligned, [&](int, float v) { m = fmaxf(m, v); });
+    smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { m = fmaxf(m, v); });
     m = group_reduce<FMax>(m, G, scratch);
-    float mu = safe_max(m), sum = 0.f;
-    smem_sweep(s, len, t, G, aligned, [&](int, float v) { sum += __expf(v - mu); });
+    const float mu = safe_max(m);
+    float sum = 0.f;
+    smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { sum += __expf(v - mu); });
     sum = group_reduce<FSum>(sum, G, scratch);
     float scale = 1.f / sum;
     if constexpr (CL > 1) {
 #if CUOPS_HAS_CLUSTERS
-        __shared__ float stats[2], total[2];
-        if (threadIdx.x == 0) {
-            stats[0] = m;
-            stats[1] = sum;
-        }
-        cluster_sync();
-        if (threadIdx.x < 32) {
-            const unsigned lane = threadIdx.x;
-            MaxSum v = {-CUOPS_INF, 0.f};
-            if (lane < CL) v = {ld_dsmem(&stats[0], lane), ld_dsmem(&stats[1], lane)};
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                MaxSum w = {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
-                v = combine(v, w);
-            }
-            if (lane == 0) {
-                total[0] = v.m;
-                total[1] = v.s;
-            }
-        }
-        cluster_sync();
-        scale = __int_as_float(0x7fc00000);  // an all -inf row is NaN everywhere
-        if (total[0] != -CUOPS_INF) scale = (m == -CUOPS_INF) ? 0.f : __expf(m - total[0]) / total[1];
+        const MaxSum mine = {m, sum};
+        scale = cluster_softmax_scale(mine, cluster_allreduce<CL>(mine, [](MaxSum a, MaxSum b) { return combine(a, b); }));
 #else
         __trap();  // launched only on sm_90 and newer
 #endif
     }
-    T* q = y + row * n + rank * chunk;
+    T* q = y + r.row * n + r.begin;
     if (aligned) {
-        for (int e0 = t * N; e0 < len; e0 += G * N) {
-            const uint4 raw = *reinterpret_cast<const uint4*>(s + e0);
+        for (int e0 = r.t * N; e0 < r.len; e0 += G * N) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(r.s + e0);
             const T* e = reinterpret_cast<const T*>(&raw);
             float o[N];
 #pragma unroll
@@ -235,6 +171,6 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
             store_vec(q + e0, o);
         }
     } else {
-        for (int e = t; e < len; e += G) q[e] = from_f32<T>(__expf(to_f32(s[e]) - mu) * scale);
+        for (int e = r.t; e < r.len; e += G) q[e] = from_f32<T>(__expf(to_f32(r.s[e]) - mu) * scale);
     }
 }

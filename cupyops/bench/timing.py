@@ -99,7 +99,6 @@ def copy_bandwidth(nbytes=1 << 30, *, repeats=20, warmup=3, flush=None):
         dst.data.copy_from_device_async(src.data, nbytes)
 
     t = time_gpu(copy, repeats=repeats, warmup=warmup, flush=flush, budget_s=10.0)
-    del src, dst
     return 2 * nbytes / (t.median_ms * 1e-3) / 1e9
 
 

@@ -12,6 +12,10 @@ import numpy as np
 from .. import _arrays, _dtypes, _launch
 from .._kernels import template_name
 
+# What the staged rung adds, the same for every row-wise operator.
+STAGED_DOC = ("rows (or a cluster's share of a long row) copied to shared memory by cp.async: "
+              "bytes in flight bounded by shared memory, not registers (the win for 2-byte types)")
+
 
 class RowPlan:
     """A kernel and how to launch it over `rows` rows: the grid, the block, the dynamic

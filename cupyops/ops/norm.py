@@ -14,8 +14,7 @@ VARIANTS = {
         "rows too long for one block fall back to welford",
         "cluster": "sm_90: long rows spread over a cluster of up to 8 blocks, (count, mean, M2) "
         "swapped through distributed shared memory: still one read",
-        "staged": "rows (or a cluster's share of a long row) copied to shared memory by cp.async: "
-        "bytes in flight bounded by shared memory, not registers (the win for 2-byte types)",
+        "staged": _rows.STAGED_DOC,
     },
     "rms_norm": {
         "twopass": "block per row: sum-of-squares pass, then the write pass: reads x 2x",
@@ -23,8 +22,7 @@ VARIANTS = {
         "fall back to twopass",
         "cluster": "sm_90: long rows spread over a cluster of up to 8 blocks, sums of squares "
         "swapped through distributed shared memory: still one read",
-        "staged": "rows (or a cluster's share of a long row) copied to shared memory by cp.async: "
-        "bytes in flight bounded by shared memory, not registers (the win for 2-byte types)",
+        "staged": _rows.STAGED_DOC,
     },
 }
 

@@ -1,7 +1,5 @@
 """softmax over one axis (kernels/softmax.cu). The last axis is the fast path; another axis
 is moved last (one copy each way)."""
-import numpy as np
-
 from .. import _arrays, _dtypes, _launch
 from .._kernels import KernelFile, template_name
 from . import _rows
@@ -11,12 +9,11 @@ VARIANTS = {
         "naive": "block per row, three passes over memory (max, sum of exp, write): reads x 3x",
         "online": "max and sum in one pass with rescaling, then the write pass: reads x 2x; "
         "16-byte loads; any row length",
-        "fused": "row held in registers (warp per short row, block per long row): reads x once, "
+        "fused": "row held in registers by a group of threads sized to it: reads x once, "
         "writes once; rows too long for one block fall back to online",
         "cluster": "sm_90: a row too long for one block spread over a cluster of up to 8 blocks, "
         "(max, sum) swapped through distributed shared memory: still one read, one write",
-        "staged": "rows (or a cluster's share of a long row) copied to shared memory by cp.async: "
-        "bytes in flight bounded by shared memory, not registers (the win for 2-byte types)",
+        "staged": _rows.STAGED_DOC,
     }
 }
 
