@@ -86,14 +86,31 @@ __global__ void reduce_rows_vector(const Tin* __restrict__ x, Tout* __restrict__
         const i64 nvec = aligned ? len / N : 0;
         i64 i = t;
         // UNROLL independent 16-byte loads in flight before any is used
-        for (; i + (UNROLL - 1) * G < nvec; i += UNROLL * G) {
-            A f[UNROLL][N];
+        // Software-pipelined by hand: the next batch of UNROLL loads is issued before the
+        // current batch is widened and added. ptxas pipelines this loop by itself for
+        // float32 but not for 2-byte types, whose SASS otherwise waits for each batch.
+        if (i + (UNROLL - 1) * G < nvec) {
+            uint4 cur[UNROLL], nxt[UNROLL];
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) load_vec_acc(p + (i + u * G) * N, f[u]);
+            for (int u = 0; u < UNROLL; ++u) cur[u] = __ldg(reinterpret_cast<const uint4*>(p + (i + u * G) * N));
+            while (true) {
+                const i64 in = i + UNROLL * G;
+                const bool more = in + (UNROLL - 1) * G < nvec;
+                if (more) {
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
+                    for (int u = 0; u < UNROLL; ++u) nxt[u] = __ldg(reinterpret_cast<const uint4*>(p + (in + u * G) * N));
+                }
 #pragma unroll
-                for (int j = 0; j < N; ++j) acc[u] = Op::apply(acc[u], f[u][j]);
+                for (int u = 0; u < UNROLL; ++u) {
+                    const Tin* e = reinterpret_cast<const Tin*>(&cur[u]);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) acc[u] = Op::apply(acc[u], to_acc<A>(e[j]));
+                }
+                i = in;
+                if (!more) break;
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u) cur[u] = nxt[u];
+            }
         }
         for (; i < nvec; i += G) {
             A f[N];

@@ -173,7 +173,7 @@ def header_lines(meta):
             f"timing: CUDA events, median of up to {s.get('repeats')} repeats after "
             f"{s.get('warmup')} warm-up calls (fewer when a call is slow: "
             f"{s.get('time_budget_s')} s per impl), L2 flushed by a "
-            f"{(s.get('flush_bytes') or 0) / 2**20:.0f} MiB write before each repeat"
+            f"{(s.get('flush_bytes') or 0) / 2**20:.0f} MiB read before each repeat"
         )
         lines.append(
             "validation: float64 cupyops.reference before timing; out= poisoned with NaN; "
