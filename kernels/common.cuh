@@ -222,6 +222,18 @@ __device__ __forceinline__ RowSlot row_slot(i64 rows, int n, int G) {
     return {active ? r0 : 0, static_cast<int>(threadIdx.x % G), active ? n : 0, active};
 }
 
+// The share of one row a block of a cluster of CL blocks owns: elements [begin, begin + len)
+// of row `row`, `chunk` (a multiple of the vector width) a block, the last block's shorter.
+struct ClusterChunk {
+    i64 row;
+    int rank, begin, len;
+};
+template <int CL>
+__device__ __forceinline__ ClusterChunk cluster_chunk(int n, int chunk) {
+    const int rank = blockIdx.x % CL, begin = rank * chunk;
+    return {static_cast<i64>(blockIdx.x / CL), rank, begin, max(0, min(n, begin + chunk) - begin)};
+}
+
 // ---------------------------------------------------------------- rows staged in shared memory
 // cp.async copies 16 bytes global -> shared without passing through registers, so a thread
 // can have any number of them in flight: the bytes a block keeps in flight are bounded by
@@ -271,10 +283,11 @@ __device__ __forceinline__ StagedRow<T> stage_rows(T* buf, const T* x, i64 rows,
         r.s = buf + g * n;
         r.begin = r.rank = 0;
     } else {
-        r.row = blockIdx.x / CL;
-        r.rank = blockIdx.x % CL;
-        r.begin = r.rank * chunk;
-        r.len = max(0, min(n, r.begin + chunk) - r.begin);
+        const ClusterChunk c = cluster_chunk<CL>(n, chunk);
+        r.row = c.row;
+        r.rank = c.rank;
+        r.begin = c.begin;
+        r.len = c.len;
         stage_to_smem(buf, x + r.row * n + r.begin, r.len, aligned);
         r.s = buf;
     }

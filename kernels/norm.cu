@@ -117,6 +117,25 @@ __device__ __forceinline__ float regs_sum(const RowRegs<T, VECS>& r, bool square
 }
 
 // ------------------------------------------------------------------ layer norm
+// The textbook rungs' last pass: a block re-reads its row from global memory and writes
+// y, and thread 0 the row's statistics.
+template <typename T>
+__device__ __forceinline__ void layer_norm_write_row(const T* __restrict__ p, T* __restrict__ q,
+                                                     const T* __restrict__ w, const T* __restrict__ b, int n,
+                                                     float mean, float rstd, float* __restrict__ mean_out,
+                                                     float* __restrict__ rstd_out) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = (to_f32(p[i]) - mean) * rstd;
+        if (w) v *= to_f32(w[i]);
+        if (b) v += to_f32(b[i]);
+        q[i] = from_f32<T>(v);
+    }
+    if (threadIdx.x == 0 && mean_out) {
+        mean_out[blockIdx.x] = mean;
+        rstd_out[blockIdx.x] = rstd;
+    }
+}
+
 template <typename T>
 __global__ void layer_norm_twopass(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                    T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
@@ -133,16 +152,7 @@ __global__ void layer_norm_twopass(const T* __restrict__ x, const T* __restrict_
         m2 += d * d;
     }
     const float rstd = rsqrtf(group_reduce<FSum>(m2, blockDim.x, scratch) / n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = (to_f32(p[i]) - mean) * rstd;
-        if (w) v *= to_f32(w[i]);
-        if (b) v += to_f32(b[i]);
-        q[i] = from_f32<T>(v);
-    }
-    if (threadIdx.x == 0 && mean_out) {
-        mean_out[blockIdx.x] = mean;
-        rstd_out[blockIdx.x] = rstd;
-    }
+    layer_norm_write_row(p, q, w, b, n, mean, rstd, mean_out, rstd_out);
 }
 
 template <typename T>
@@ -162,16 +172,7 @@ __global__ void layer_norm_welford(const T* __restrict__ x, const T* __restrict_
     }
     st = group_welford(st, blockDim.x, scratch);
     const float mean = st.mean, rstd = rsqrtf(st.m2 / n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = (to_f32(p[i]) - mean) * rstd;
-        if (w) v *= to_f32(w[i]);
-        if (b) v += to_f32(b[i]);
-        q[i] = from_f32<T>(v);
-    }
-    if (threadIdx.x == 0 && mean_out) {
-        mean_out[blockIdx.x] = mean;
-        rstd_out[blockIdx.x] = rstd;
-    }
+    layer_norm_write_row(p, q, w, b, n, mean, rstd, mean_out, rstd_out);
 }
 
 // The combination of the blocks' Welford states of a cluster.
@@ -205,22 +206,20 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_T
                        int chunk, int aligned) {
 #if CUOPS_HAS_CLUSTERS
     __shared__ float scratch[32];
-    const i64 row = blockIdx.x / CL;
-    const int rank = blockIdx.x % CL, begin = rank * chunk;
-    const int len = max(0, min(n, begin + chunk) - begin);
+    const ClusterChunk c = cluster_chunk<CL>(n, chunk);
     const int G = blockDim.x;
     RowRegs<T, VECS> r;
-    r.load(x + row * n + begin, len, threadIdx.x, G, aligned, 0.f);
+    r.load(x + c.row * n + c.begin, c.len, threadIdx.x, G, aligned, 0.f);
     const float sum = group_reduce<FSum>(regs_sum(r, false), G, scratch);
-    const float mean_b = len ? sum / len : 0.f;
-    const float m2_b = group_reduce<FSum>(sq_dev_sum(r, len, threadIdx.x, G, mean_b), G, scratch);
-    const Welford all = cluster_welford<CL>(Welford{(float)len, mean_b, m2_b});
+    const float mean_b = c.len ? sum / c.len : 0.f;
+    const float m2_b = group_reduce<FSum>(sq_dev_sum(r, c.len, threadIdx.x, G, mean_b), G, scratch);
+    const Welford all = cluster_welford<CL>(Welford{(float)c.len, mean_b, m2_b});
     const float rstd = rsqrtf(all.m2 / n + eps);
-    affine_store(r, y + row * n + begin, w ? w + begin : w, b ? b + begin : b, len, threadIdx.x, G, aligned,
-                 all.mean, rstd);
-    if (rank == 0 && threadIdx.x == 0 && mean_out) {
-        mean_out[row] = all.mean;
-        rstd_out[row] = rstd;
+    affine_store(r, y + c.row * n + c.begin, w ? w + c.begin : w, b ? b + c.begin : b, c.len, threadIdx.x, G,
+                 aligned, all.mean, rstd);
+    if (c.rank == 0 && threadIdx.x == 0 && mean_out) {
+        mean_out[c.row] = all.mean;
+        rstd_out[c.row] = rstd;
     }
 #else
     __trap();  // launched only on sm_90 and newer
@@ -265,16 +264,14 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_T
                      float eps, int chunk, int aligned) {
 #if CUOPS_HAS_CLUSTERS
     __shared__ float scratch[32];
-    const i64 row = blockIdx.x / CL;
-    const int begin = (blockIdx.x % CL) * chunk;
-    const int len = max(0, min(n, begin + chunk) - begin);
+    const ClusterChunk c = cluster_chunk<CL>(n, chunk);
     const int G = blockDim.x;
     RowRegs<T, VECS> r;
-    r.load(x + row * n + begin, len, threadIdx.x, G, aligned, 0.f);
+    r.load(x + c.row * n + c.begin, c.len, threadIdx.x, G, aligned, 0.f);
     const float ss = group_reduce<FSum>(regs_sum(r, true), G, scratch);
     const float all = cluster_allreduce<CL>(ss, [](float a, float b) { return a + b; });
-    affine_store(r, y + row * n + begin, w ? w + begin : w, (const T*)nullptr, len, threadIdx.x, G, aligned, 0.f,
-                 rsqrtf(all / n + eps));
+    affine_store(r, y + c.row * n + c.begin, w ? w + c.begin : w, (const T*)nullptr, c.len, threadIdx.x, G, aligned,
+                 0.f, rsqrtf(all / n + eps));
 #else
     __trap();  // launched only on sm_90 and newer
 #endif

@@ -119,16 +119,14 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_T
     softmax_cluster(const T* __restrict__ x, T* __restrict__ y, i64 rows, int n, int chunk, int aligned) {
 #if CUOPS_HAS_CLUSTERS
     __shared__ float scratch[32];
-    const i64 row = blockIdx.x / CL;
-    const int begin = (blockIdx.x % CL) * chunk;
-    const int len = max(0, min(n, begin + chunk) - begin);
+    const ClusterChunk c = cluster_chunk<CL>(n, chunk);
     const int G = blockDim.x;
     RowRegs<T, VECS> r;
-    r.load(x + row * n + begin, len, threadIdx.x, G, aligned, -CUOPS_INF);
+    r.load(x + c.row * n + c.begin, c.len, threadIdx.x, G, aligned, -CUOPS_INF);
     const MaxSum mine = softmax_chunk_stats(r, G, scratch);
     const MaxSum all = cluster_allreduce<CL>(mine, [](MaxSum a, MaxSum b) { return combine(a, b); });
     const float mu = safe_max(mine.m), a = cluster_softmax_scale(mine, all);
-    r.store(y + row * n + begin, len, threadIdx.x, G, aligned, [=](float v) { return __expf(v - mu) * a; });
+    r.store(y + c.row * n + c.begin, c.len, threadIdx.x, G, aligned, [=](float v) { return __expf(v - mu) * a; });
 #else
     __trap();  // launched only on sm_90 and newer
 #endif
