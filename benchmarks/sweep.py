@@ -114,7 +114,7 @@ def sweep_rows(op, dt, shape, out):
             if G < 4 or rb * n * item > 96 * 1024 or (rb > 1 and rb * n * item > 32 * 1024 * 2):
                 continue
             fn = kf.function(template_name(f"{op}_staged", t, 1))
-            smem = rb * n * item
+            smem = (rb + (_launch.STAGED_PARAM_ROWS[op] if rb > 1 else 0)) * n * item
             _launch.request_smem(fn, smem, _launch.device_props(), "sweep")
             args = base + (np.int32(0), np.int32(G), np.int32(1))
             yield f"staged block={block} rows/block={rb}", (

@@ -138,6 +138,9 @@ def cluster_row_plan(n, dtype):
 # (64 KB for layer_norm, whose three sweeps over shared memory like more work per block)
 # with 64 to 128 bytes per thread; a long row goes to a cluster of 8 with <= 64 KB a block.
 STAGE_BLOCK_BYTES = {"softmax": (16384, 64), "rms_norm": (16384, 64), "layer_norm": (65536, 128)}
+# Per-row parameters a block staging several rows keeps in shared memory after its rows
+# (weight, bias): each of its rows then reads them from there instead of through L2.
+STAGED_PARAM_ROWS = {"softmax": 0, "rms_norm": 1, "layer_norm": 2}
 SHORT_ROW_BYTES = 4096  # rows this short: 16 KB a block, 128 bytes a thread, for every op
 MAX_STAGED_ROW_BYTES = 32768  # above, the row is spread over a cluster (sm_90)
 
@@ -165,7 +168,8 @@ def staged_row_plan(n, itemsize, op, props):
         threads = min(1024, max(64, pow2_ceil(cdiv(rb * row, thread_bytes))))
         while rb > 1 and threads // rb < 4:
             rb //= 2
-        return StagedPlan(1, threads, rb, threads // rb, 0, rb * row)
+        params = STAGED_PARAM_ROWS[op] if rb > 1 else 0
+        return StagedPlan(1, threads, rb, threads // rb, 0, (rb + params) * row)
     for cl in CLUSTER_SIZES:
         chunk = cdiv(cdiv(n, cl), vec) * vec
         if chunk * itemsize <= MAX_STAGED_ROW_BYTES or cl == CLUSTER_SIZES[-1]:

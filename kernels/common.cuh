@@ -244,6 +244,14 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
 
+// Start copying p[0, len) to s with cp.async (16-byte aligned, len a multiple of the vector
+// width); the next stage_to_smem commits and waits for these copies too.
+template <typename T>
+__device__ __forceinline__ void issue_to_smem(T* s, const T* p, int len) {
+    constexpr int N = Vec<T>::N;
+    for (int e = threadIdx.x * N; e < len; e += blockDim.x * N) cp_async16(s + e, p + e);
+}
+
 // Copy p[0, len) to s (all threads of the block), then barrier. `aligned`: both 16-byte
 // aligned and len a multiple of the vector width.
 template <typename T>

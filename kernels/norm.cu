@@ -281,6 +281,31 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(RowRegs<T, VECS>::MAX_T
 // The block copies its rows (CL == 1: blockDim.x / G whole rows, a group of G threads per
 // row) or its chunk of one row (CL > 1: a cluster of CL blocks per row) into shared memory
 // with cp.async (stage_rows); the statistics sweeps and the write read shared memory.
+// A 16-byte vector from global or shared memory (a generic load: w and b may be staged).
+template <typename T>
+__device__ __forceinline__ void load_vec_any(const T* p, float (&out)[Vec<T>::N]) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < Vec<T>::N; ++j) out[j] = to_f32(e[j]);
+}
+
+// When a block stages several whole rows (CL == 1, blockDim.x / G > 1), it stages weight
+// (and bias) once too, right after its rows: every row of the block then reads them from
+// shared memory instead of each row fetching them again through L2. Returns the pointer
+// the block should read p from (p itself when not staged). `slot`: 0 weight, 1 bias.
+template <typename T, int CL>
+__device__ __forceinline__ const T* stage_param(T* buf, const T* p, int n, int G, int slot, bool aligned) {
+    if (CL > 1 || p == nullptr || (int)blockDim.x == G) return p;
+    T* s = buf + (blockDim.x / G + slot) * n;
+    if (aligned) {
+        issue_to_smem(s, p, n);  // completed by stage_rows' wait and barrier
+    } else {
+        for (int e = threadIdx.x; e < n; e += blockDim.x) s[e] = p[e];
+    }
+    return s;
+}
+
 // y = (x - shift) * scale * w + b from shared memory; w, b as 16-byte vectors when aligned.
 template <typename T>
 __device__ __forceinline__ void smem_affine_store(const T* s, T* __restrict__ q, const T* __restrict__ w,
@@ -292,8 +317,8 @@ __device__ __forceinline__ void smem_affine_store(const T* s, T* __restrict__ q,
             const uint4 raw = *reinterpret_cast<const uint4*>(s + e0);
             const T* e = reinterpret_cast<const T*>(&raw);
             float o[N], wv[N], bv[N];
-            if (w) load_vec(w + e0, wv);
-            if (b) load_vec(b + e0, bv);
+            if (w) load_vec_any(w + e0, wv);
+            if (b) load_vec_any(b + e0, bv);
 #pragma unroll
             for (int j = 0; j < N; ++j) {
                 o[j] = (to_f32(e[j]) - shift) * scale;
@@ -319,7 +344,10 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
                       int chunk, int G, int aligned) {
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     __shared__ float scratch[32];
-    const StagedRow<T> r = stage_rows<T, CL>(reinterpret_cast<T*>(smem_bytes), x, rows, n, chunk, G, aligned);
+    T* buf = reinterpret_cast<T*>(smem_bytes);
+    const T* ws = stage_param<T, CL>(buf, w, n, G, 0, aligned);
+    const T* bs = stage_param<T, CL>(buf, b, n, G, 1, aligned);
+    const StagedRow<T> r = stage_rows<T, CL>(buf, x, rows, n, chunk, G, aligned);
     float s1 = 0.f;
     smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { s1 += v; });
     const float tot = group_reduce<FSum>(s1, G, scratch);  // every thread: it may __syncthreads
@@ -337,8 +365,8 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
         __trap();  // launched only on sm_90 and newer
 #endif
     }
-    smem_affine_store(r.s, y + r.row * n + r.begin, w ? w + r.begin : w, b ? b + r.begin : b, r.len, r.t, G,
-                      aligned, mean, rstd);
+    smem_affine_store(r.s, y + r.row * n + r.begin, ws ? ws + r.begin : ws, bs ? bs + r.begin : bs, r.len, r.t,
+                      G, aligned, mean, rstd);
     if (mean_out && r.len && r.t == 0 && r.rank == 0) {
         mean_out[r.row] = mean;
         rstd_out[r.row] = rstd;
@@ -351,7 +379,9 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
                     int chunk, int G, int aligned) {
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     __shared__ float scratch[32];
-    const StagedRow<T> r = stage_rows<T, CL>(reinterpret_cast<T*>(smem_bytes), x, rows, n, chunk, G, aligned);
+    T* buf = reinterpret_cast<T*>(smem_bytes);
+    const T* ws = stage_param<T, CL>(buf, w, n, G, 0, aligned);
+    const StagedRow<T> r = stage_rows<T, CL>(buf, x, rows, n, chunk, G, aligned);
     float ss = 0.f;
     smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { ss += v * v; });
     ss = group_reduce<FSum>(ss, G, scratch);
@@ -362,6 +392,6 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
         __trap();  // launched only on sm_90 and newer
 #endif
     }
-    smem_affine_store(r.s, y + r.row * n + r.begin, w ? w + r.begin : w, (const T*)nullptr, r.len, r.t, G, aligned,
-                      0.f, rsqrtf(ss / n + eps));
+    smem_affine_store(r.s, y + r.row * n + r.begin, ws ? ws + r.begin : ws, (const T*)nullptr, r.len, r.t, G,
+                      aligned, 0.f, rsqrtf(ss / n + eps));
 }

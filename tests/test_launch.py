@@ -37,7 +37,8 @@ def test_staged_row_plan(n, itemsize, op, cc):
     assert p.block & (p.block - 1) == 0 and 64 <= p.block <= 1024
     if p.cluster == 1:
         assert p.rows_per_block * p.group == p.block and p.group >= 4
-        assert p.smem == p.rows_per_block * n * itemsize
+        params = _launch.STAGED_PARAM_ROWS[op] if p.rows_per_block > 1 else 0
+        assert p.smem == (p.rows_per_block + params) * n * itemsize
     else:
         assert cc >= 90 and p.cluster in _launch.CLUSTER_SIZES and p.group == p.block
         assert p.cluster * p.chunk >= n and p.chunk * itemsize % 16 == 0 and p.smem == p.chunk * itemsize
