@@ -114,9 +114,10 @@ def sweep_rows(op, dt, shape, out):
             if G < 4 or rb * n * item > 96 * 1024 or (rb > 1 and rb * n * item > 32 * 1024 * 2):
                 continue
             fn = kf.function(template_name(f"{op}_staged", t, 1))
-            smem = (rb + (_launch.STAGED_PARAM_ROWS[op] if rb > 1 else 0)) * n * item
+            params = _launch.STAGED_PARAM_ROWS[op] if rb > 1 and n * item <= _launch.SHORT_ROW_BYTES else 0
+            smem = (rb + params) * n * item
             _launch.request_smem(fn, smem, _launch.device_props(), "sweep")
-            args = base + (np.int32(0), np.int32(G), np.int32(1))
+            args = base + (np.int32(0), np.int32(G)) + (() if op == "softmax" else (np.int32(params),)) + (np.int32(1),)
             yield f"staged block={block} rows/block={rb}", (
                 lambda fn=fn, a=args, bl=block, rb=rb, sm=smem: fn((_launch.cdiv(R, rb),), (bl,), a, shared_mem=sm)), nbytes, check
     if n * item > 32 * 1024:
@@ -127,7 +128,7 @@ def sweep_rows(op, dt, shape, out):
             fn = kf.function(template_name(f"{op}_staged", t, cl))
             _launch.request_smem(fn, chunk * item, _launch.device_props(), "sweep")
             for block in (256, 512, 1024):
-                args = base + (np.int32(chunk), np.int32(block), np.int32(1))
+                args = base + (np.int32(chunk), np.int32(block)) + (() if op == "softmax" else (np.int32(0),)) + (np.int32(1),)
                 yield f"staged CL={cl} block={block}", (
                     lambda fn=fn, a=args, bl=block, cl=cl, sm=chunk * item: fn((R * cl,), (bl,), a, shared_mem=sm)), nbytes, check
     if n > 8192:

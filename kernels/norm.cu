@@ -290,13 +290,15 @@ __device__ __forceinline__ void load_vec_any(const T* p, float (&out)[Vec<T>::N]
     for (int j = 0; j < Vec<T>::N; ++j) out[j] = to_f32(e[j]);
 }
 
-// When a block stages several whole rows (CL == 1, blockDim.x / G > 1), it stages weight
-// (and bias) once too, right after its rows: every row of the block then reads them from
-// shared memory instead of each row fetching them again through L2. Returns the pointer
-// the block should read p from (p itself when not staged). `slot`: 0 weight, 1 bias.
+// When the host asks for it (`staged`: a block of CL == 1 stages several short rows), the
+// block stages weight (and bias) once too, right after its rows: every row of the block
+// then reads them from shared memory instead of each fetching them again through L2.
+// Returns the pointer the block should read p from (p itself when not staged).
+// `slot`: 0 weight, 1 bias.
 template <typename T, int CL>
-__device__ __forceinline__ const T* stage_param(T* buf, const T* p, int n, int G, int slot, bool aligned) {
-    if (CL > 1 || p == nullptr || (int)blockDim.x == G) return p;
+__device__ __forceinline__ const T* stage_param(T* buf, const T* p, int n, int G, int slot, int staged,
+                                                bool aligned) {
+    if (CL > 1 || p == nullptr || !staged) return p;
     T* s = buf + (blockDim.x / G + slot) * n;
     if (aligned) {
         issue_to_smem(s, p, n);  // completed by stage_rows' wait and barrier
@@ -341,12 +343,12 @@ template <typename T, int CL>
 __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
     layer_norm_staged(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
                       float* __restrict__ mean_out, float* __restrict__ rstd_out, i64 rows, int n, float eps,
-                      int chunk, int G, int aligned) {
+                      int chunk, int G, int params, int aligned) {
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     __shared__ float scratch[32];
     T* buf = reinterpret_cast<T*>(smem_bytes);
-    const T* ws = stage_param<T, CL>(buf, w, n, G, 0, aligned);
-    const T* bs = stage_param<T, CL>(buf, b, n, G, 1, aligned);
+    const T* ws = stage_param<T, CL>(buf, w, n, G, 0, params, aligned);
+    const T* bs = stage_param<T, CL>(buf, b, n, G, 1, params, aligned);
     const StagedRow<T> r = stage_rows<T, CL>(buf, x, rows, n, chunk, G, aligned);
     float s1 = 0.f;
     smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { s1 += v; });
@@ -376,11 +378,11 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
 template <typename T, int CL>
 __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
     rms_norm_staged(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, i64 rows, int n, float eps,
-                    int chunk, int G, int aligned) {
+                    int chunk, int G, int params, int aligned) {
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     __shared__ float scratch[32];
     T* buf = reinterpret_cast<T*>(smem_bytes);
-    const T* ws = stage_param<T, CL>(buf, w, n, G, 0, aligned);
+    const T* ws = stage_param<T, CL>(buf, w, n, G, 0, params, aligned);
     const StagedRow<T> r = stage_rows<T, CL>(buf, x, rows, n, chunk, G, aligned);
     float ss = 0.f;
     smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { ss += v * v; });

@@ -37,8 +37,9 @@ def test_staged_row_plan(n, itemsize, op, cc):
     assert p.block & (p.block - 1) == 0 and 64 <= p.block <= 1024
     if p.cluster == 1:
         assert p.rows_per_block * p.group == p.block and p.group >= 4
-        params = _launch.STAGED_PARAM_ROWS[op] if p.rows_per_block > 1 else 0
-        assert p.smem == (p.rows_per_block + params) * n * itemsize
+        assert p.params in (0, _launch.STAGED_PARAM_ROWS[op])
+        assert p.params == 0 or (p.rows_per_block > 1 and n * itemsize <= _launch.SHORT_ROW_BYTES)
+        assert p.smem == (p.rows_per_block + p.params) * n * itemsize
     else:
         assert cc >= 90 and p.cluster in _launch.CLUSTER_SIZES and p.group == p.block
         assert p.cluster * p.chunk >= n and p.chunk * itemsize % 16 == 0 and p.smem == p.chunk * itemsize

@@ -81,7 +81,7 @@ def _choose(kernels, op, impl, n, dt, fallback, simple_block):
             fn, name = get(template_name(f"{op}_staged", t, sp.cluster))
             _launch.request_smem(fn, sp.smem, props, f"{op} (staged, n={n})")
             return RowPlan(fn, name, sp.block, rows_per_block=sp.rows_per_block, cluster=sp.cluster,
-                           smem=sp.smem, tail=(sp.chunk, sp.group))
+                           smem=sp.smem, tail=(sp.chunk, sp.group) + (() if op == "softmax" else (sp.params,)))
         impl = fallback
     if impl in ("fused", "cluster"):
         fp = _launch.fused_row_plan(n, dt)
