@@ -9,6 +9,8 @@ import operator
 
 import numpy as np
 
+from . import _dtypes
+
 try:
     from numpy.exceptions import AxisError
 except ImportError:  # numpy < 1.25
@@ -30,19 +32,9 @@ def as_input(x, name):
         raise TypeError(f"{name}: expected an array, got {type(x).__name__} ({exc})") from None
 
 
-_DTYPE_NAMES = {}  # dtype -> name: numpy builds dtype.name anew on every access
-
-
-def dtype_name(dtype):
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = dtype.name
-    return name
-
-
 def check_dtype(x, name, allowed):
     """Return the dtype name of ``x`` or raise TypeError listing what ``name`` accepts."""
-    dt = dtype_name(x.dtype)
+    dt = _dtypes.dtype_name(x.dtype)
     if dt not in allowed:
         raise TypeError(f"{name}: dtype {dt} is not supported; expected one of {', '.join(allowed)}")
     return dt

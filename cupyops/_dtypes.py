@@ -29,9 +29,15 @@ INT_TYPES = ("int32", "int64")
 REDUCE_TYPES = ALL_FLOAT_TYPES + INT_TYPES
 
 
+_NAMES = {}  # dtype -> name: numpy builds dtype.name anew on every access (hot path)
+
+
 def dtype_name(dtype):
     """Canonical name of a dtype ('bfloat16' for ml_dtypes' type)."""
-    return np.dtype(dtype).name
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = np.dtype(dtype).name
+    return name
 
 
 def to_dtype(name):

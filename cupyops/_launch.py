@@ -5,6 +5,8 @@ tier tests them without a GPU.
 """
 import dataclasses
 
+from . import _dtypes
+
 # Dynamic shared memory a block gets without opting in.
 DEFAULT_SMEM_LIMIT = 48 * 1024
 
@@ -73,11 +75,6 @@ def request_smem(kernel, nbytes, props, what):
             _smem_opted[key] = nbytes
 
 
-def grid_stride_blocks(n_items, threads, props, blocks_per_sm=4):
-    """Blocks for a grid-stride loop: enough to fill the GPU, never more than the work."""
-    return max(1, min(cdiv(n_items, threads), props.sm_count * blocks_per_sm))
-
-
 # ------------------------------------------------------------------ rows held in registers
 # The register-resident rungs (softmax_fused/_cluster, layer_norm_*, rms_norm_*) give each
 # thread VECS 16-byte vectors of a row; G threads share a row (a warp, or a whole block),
@@ -90,7 +87,12 @@ CLUSTER_SIZES = (2, 4, 8)  # 8 is the portable maximum cluster size
 
 def row_max_threads(vecs, dtype):
     """RowRegs<T, VECS>::MAX_THREADS: 32 floats a thread cap the block at 512 threads."""
-    return 512 if vecs * (4 if dtype == "float32" else 8) >= 32 else 1024
+    return 512 if vecs * vec_width(dtype) >= 32 else 1024
+
+
+def vec_width(dtype):
+    """Elements of ``dtype`` in one 16-byte vector."""
+    return 16 // _dtypes.itemsize(dtype)
 
 
 def pow2_ceil(v):
@@ -109,7 +111,7 @@ FUSED_ELEMS_PER_THREAD = 16
 def fused_row_plan(n, dtype):
     """(VECS, G) for a row of n elements held by one group of G threads, or None when
     the row is too long for one block's registers."""
-    vec = 16 // (4 if dtype == "float32" else 2)
+    vec = vec_width(dtype)
     for vecs in ROW_VECS[dtype]:
         if vecs * vec < FUSED_ELEMS_PER_THREAD and vecs != ROW_VECS[dtype][-1] and n > 4 * vecs * vec:
             continue
@@ -122,7 +124,7 @@ def fused_row_plan(n, dtype):
 def cluster_row_plan(n, dtype):
     """(VECS, CL, G, chunk) for a row spread over a cluster of CL blocks of G threads,
     each holding ``chunk`` elements (a multiple of the vector width), or None."""
-    vec = 16 // (4 if dtype == "float32" else 2)
+    vec = vec_width(dtype)
     for vecs in ROW_VECS[dtype]:
         for cl in CLUSTER_SIZES:
             chunk = cdiv(cdiv(n, cl), vec) * vec

@@ -92,8 +92,3 @@ def test_check_smem():
 def test_cdiv_and_pow2():
     assert _launch.cdiv(10, 3) == 4 and _launch.cdiv(9, 3) == 3
     assert [_launch.pow2_ceil(v) for v in (1, 2, 3, 33, 1024)] == [1, 2, 4, 64, 1024]
-
-
-def test_grid_stride_blocks():
-    assert _launch.grid_stride_blocks(10, 256, H100) == 1
-    assert _launch.grid_stride_blocks(10**9, 256, H100) == 132 * 4

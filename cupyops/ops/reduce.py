@@ -247,6 +247,6 @@ def _rows_launch(op, impl, xd, y, R, n, S, L, din, dout):
     else:
         G = vector_group(L, xd.itemsize)
         vec = 16 // xd.itemsize
-        aligned = xd.data.ptr % 16 == 0 and n % vec == 0 and L % vec == 0
+        aligned = _launch.rows_aligned(vec, n, xd) and L % vec == 0
         block = builtins.max(G, 128)  # this module's max is the reduction
         fn((_launch.cdiv(V, block // G),), (block,), args + (np.int32(G), np.int32(aligned)))
