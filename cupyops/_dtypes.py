@@ -21,6 +21,7 @@ CUDA_TYPES = {
     "float64": "double",
     "int32": "int",
     "int64": "long long",
+    "int8": "signed char",
 }
 
 FLOAT_TYPES = ("float32", "float16", "bfloat16")
