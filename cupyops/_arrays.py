@@ -219,3 +219,26 @@ def _cupy():
 
 def cupy_module():
     return _cupy()
+
+
+# ------------------------------------------------------------------ ticket counters
+_TICKETS = {}
+
+
+def tickets(n):
+    """A zeroed uint32 device array of at least ``n`` counters for the current device and
+    stream, for kernels whose last block to finish a piece of work reduces the partials
+    of the others ("last block done": a fixed-order reduction, so no float atomics).
+
+    Contract: every kernel that takes it leaves each counter it used back at zero, so the
+    next launch on the same stream finds them zeroed without a memset. One array per
+    (device, stream): launches on different streams may run at once and never share one.
+    """
+    cp = cupy_module()
+    key = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr)
+    buf = _TICKETS.get(key)
+    if buf is None or buf.size < n:
+        size = 1 << max(10, (int(n) - 1).bit_length())
+        buf = cp.zeros(size, dtype=np.uint32)  # on the current stream: ordered before use
+        _TICKETS[key] = buf
+    return buf
