@@ -11,12 +11,14 @@ import json
 import cupy as cp
 import numpy as np
 
-from cupyops import _dtypes, _launch, reference
+from cupyops import _arrays, _dtypes, _launch, reference
 from cupyops._kernels import template_name
 from cupyops.bench.timing import L2Flusher, copy_bandwidth, time_gpu
 from cupyops.ops import norm, reduce, softmax
 
 SHAPES = [(16384, 8192), (65536, 1024), (1024, 131072)]
+# whole-array sums of the acceptance shapes, as the one long row they are reduced as
+SUM_SHAPES = SHAPES + [(1, 16384 * 8192), (1, 65536 * 1024)]
 DTYPES = ["float32", "float16", "bfloat16"]
 
 
@@ -51,8 +53,29 @@ def sweep_sum(dt, shape, out):
         for block in sorted({max(G, 128), max(G, 256)}):
             if block > 1024:
                 continue
-            args = (x, y, np.int64(R), np.int64(n), np.int32(1), np.int64(n), np.int32(G), np.int32(1))
+            args = (x, y, np.int64(R), np.int64(n), np.int32(1), np.int64(n), y, y, np.int32(G), np.int32(1))
             yield f"G={G} block={block}", lambda a=args, G=G, b=block: fn((_launch.cdiv(R, b // G),), (b,), a), x.nbytes, check
+    yield from _split_configs(dt, x, y, R, n, dout, check)
+
+
+def _split_configs(dt, x, y, R, n, dout, check):
+    """Segment plans (S segments of L elements a row, finished by the last block) for
+    the block and vector rungs; S = 1 is one block (group) per row."""
+    vec = 16 // x.itemsize
+    tickets = _arrays.tickets(R)
+    acc = reduce._OPS["sum"][1][dout]
+    for impl in ("block", "vector"):
+        for min_len in (8192, 16384, 32768, 65536, 131072):
+            S = max(1, n // min_len)
+            L = _launch.cdiv(_launch.cdiv(n, S), vec) * vec
+            S = _launch.cdiv(n, L)
+            if S == 1 and min_len != 131072:
+                continue
+            partial = cp.empty((R, S), _dtypes.to_dtype(acc))
+
+            def run(impl=impl, S=S, L=L, partial=partial):
+                reduce._rows_launch("sum", impl, x, y, R, n, S, L, dt, dout, partial, tickets)
+            yield f"{impl} S={S} L={L}", run, x.nbytes, check
 
 
 def _fused_configs(dt, n):
@@ -152,7 +175,7 @@ def main():
     results = []
     for op in args.only.split(","):
         for dt in args.dtypes.split(","):
-            for shape in SHAPES:
+            for shape in (SUM_SHAPES if op == "sum" else SHAPES):
                 gen = sweep_sum(dt, shape, None) if op == "sum" else sweep_rows(op, dt, shape, None)
                 best = None
                 for label, fn, nbytes, check in gen:

@@ -65,6 +65,34 @@ def rms_norm(x, weight=None, eps=1e-6):
     return y
 
 
+def matmul(a, b):
+    """numpy.matmul in float64 (int8 operands: exactly, in int64)."""
+    a, b = _host(a), _host(b)
+    if a.dtype.kind in "iu":
+        return np.matmul(a.astype(np.int64), b.astype(np.int64))
+    return np.matmul(a.astype(np.float64), b.astype(np.float64))
+
+
+def gemm(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
+    """alpha * op(a) @ op(b) + beta * c, op = transpose of the last two axes when asked.
+    int8 operands: exact in int64, then wrapped to int32 as the kernels' two's-complement
+    arithmetic does."""
+    a, b = _host(a), _host(b)
+    if trans_a:
+        a = np.swapaxes(a, -1, -2)
+    if trans_b:
+        b = np.swapaxes(b, -1, -2)
+    exact = a.dtype.kind in "iu"
+    if exact:
+        alpha, beta = int(alpha), int(beta)
+    y = alpha * matmul(a, b)
+    if c is not None and beta != 0:
+        y = y + beta * _host(c).astype(np.int64 if exact else np.float64)
+    if exact:
+        return (y & 0xFFFFFFFF).astype(np.uint32).view(np.int32)  # wraps modulo 2^32
+    return y
+
+
 def rel_error(out, ref):
     """||out - ref|| / ||ref|| in float64; inf when out has a NaN that ref has not."""
     out = _f64(out)
@@ -85,4 +113,7 @@ def rel_error(out, ref):
 TOLERANCE = {
     "reduce": {"float64": 1e-12, "float32": 2e-6, "float16": 2e-3, "bfloat16": 1e-2},
     "norm": {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2},
+    # fp32 GEMM accumulates K products in float32 (error ~ sqrt(K) * 2^-24 relative);
+    # fp16/bf16 outputs are rounded to their own precision (2^-11, 2^-8); int8 is exact.
+    "gemm": {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2, "int8": 0.0},
 }

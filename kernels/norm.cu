@@ -16,6 +16,10 @@
 //   *_cluster           (sm_90) a row too long for one block spread over a cluster of CL
 //                       blocks; per-block (count, mean, M2) or sum of squares swapped
 //                       through distributed shared memory.
+//   *_staged            rows (or a cluster's chunks) copied to shared memory by cp.async,
+//                       so bytes in flight are bounded by shared memory, not registers;
+//                       layer_norm's statistics come from ONE sweep of shared memory
+//                       (sums of deviations from the chunk's first element), then the write.
 #include "common.cuh"
 
 using namespace cuops;
@@ -350,13 +354,22 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
     const T* ws = stage_param<T, CL>(buf, w, n, G, 0, params, aligned);
     const T* bs = stage_param<T, CL>(buf, b, n, G, 1, params, aligned);
     const StagedRow<T> r = stage_rows<T, CL>(buf, x, rows, n, chunk, G, aligned);
-    float s1 = 0.f;
-    smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { s1 += v; });
-    const float tot = group_reduce<FSum>(s1, G, scratch);  // every thread: it may __syncthreads
-    const float mean_b = r.len ? tot / r.len : 0.f;
-    float m2 = 0.f;
-    smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) { m2 += (v - mean_b) * (v - mean_b); });
-    m2 = group_reduce<FSum>(m2, G, scratch);
+    // Mean and M2 in one sweep of shared memory, from sums of deviations from c, the
+    // chunk's first element: M2 = S2 - S1^2 / len. Shifting by an element of the data
+    // (not by 0) keeps S1 / len = mean - c of the order of the spread, so the subtraction
+    // loses little even when |mean| >> std. One sweep instead of two shortens each block's
+    // life, and with it the time its shared memory is held (benchmarks/NOTES.md).
+    const float c = r.len ? to_f32(r.s[0]) : 0.f;
+    float s1 = 0.f, s2 = 0.f;
+    smem_sweep(r.s, r.len, r.t, G, aligned, [&](int, float v) {
+        const float d = v - c;
+        s1 += d;
+        s2 = fmaf(d, d, s2);
+    });
+    s1 = group_reduce<FSum>(s1, G, scratch);  // every thread: it may __syncthreads
+    s2 = group_reduce<FSum>(s2, G, scratch);
+    const float mean_b = r.len ? c + s1 / r.len : 0.f;
+    const float m2 = r.len ? fmaxf(s2 - s1 * (s1 / r.len), 0.f) : 0.f;
     float mean = mean_b, rstd = rsqrtf(m2 / n + eps);
     if constexpr (CL > 1) {
 #if CUOPS_HAS_CLUSTERS
