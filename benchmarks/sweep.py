@@ -11,7 +11,7 @@ import json
 import cupy as cp
 import numpy as np
 
-from cupyops import _arrays, _dtypes, _launch, reference
+from cupyops import _dtypes, _launch, reference
 from cupyops._kernels import template_name
 from cupyops.bench.timing import L2Flusher, copy_bandwidth, time_gpu
 from cupyops.ops import norm, reduce, softmax
@@ -53,16 +53,15 @@ def sweep_sum(dt, shape, out):
         for block in sorted({max(G, 128), max(G, 256)}):
             if block > 1024:
                 continue
-            args = (x, y, np.int64(R), np.int64(n), np.int32(1), np.int64(n), y, y, np.int32(G), np.int32(1))
+            args = (x, y, np.int64(R), np.int64(n), np.int32(1), np.int64(n), np.int32(G), np.int32(1))
             yield f"G={G} block={block}", lambda a=args, G=G, b=block: fn((_launch.cdiv(R, b // G),), (b,), a), x.nbytes, check
     yield from _split_configs(dt, x, y, R, n, dout, check)
 
 
 def _split_configs(dt, x, y, R, n, dout, check):
-    """Segment plans (S segments of L elements a row, finished by the last block) for
-    the block and vector rungs; S = 1 is one block (group) per row."""
+    """Segment plans (S segments of L elements a row, then a second pass over the
+    partials) for the block and vector rungs; S = 1 is one block (group) per row."""
     vec = 16 // x.itemsize
-    tickets = _arrays.tickets(R)
     acc = reduce._OPS["sum"][1][dout]
     for impl in ("block", "vector"):
         for min_len in (8192, 16384, 32768, 65536, 131072):
@@ -74,7 +73,11 @@ def _split_configs(dt, x, y, R, n, dout, check):
             partial = cp.empty((R, S), _dtypes.to_dtype(acc))
 
             def run(impl=impl, S=S, L=L, partial=partial):
-                reduce._rows_launch("sum", impl, x, y, R, n, S, L, dt, dout, partial, tickets)
+                if S == 1:
+                    reduce._rows_launch("sum", impl, x, y, R, n, 1, n, dt, dout)
+                else:
+                    reduce._rows_launch("sum", impl, x, partial, R, n, S, L, dt, acc)
+                    reduce._rows_launch("sum", impl, partial, y, R, S, 1, S, acc, dout)
             yield f"{impl} S={S} L={L}", run, x.nbytes, check
 
 

@@ -3,11 +3,8 @@
 // Row reductions (sum/max over the last axis, and axis=None as one long row) share one
 // addressing scheme: R outer rows of n elements, each cut into S segments of L elements;
 // "virtual row" v = r * S + s reduces x[r * n + s * L, r * n + min(n, (s + 1) * L)).
-// S = 1 is a plain row reduction. S > 1 keeps the GPU busy when there are few rows: in
-// reduce_rows_block / reduce_rows_vector each block stores its segment's partial, and the
-// block that finishes a row last ("last block done", an integer ticket per row) reduces
-// the row's S partials in a fixed order; reduce_rows_naive leaves the partials to a second
-// launch. No float atomics: results are bitwise reproducible.
+// S = 1 is a plain row reduction; S > 1 feeds a second pass over the (R, S) partials,
+// which keeps the GPU busy when there are few rows, without atomics (bitwise reproducible).
 //
 // The ladder, one line of why each:
 //   reduce_rows_naive   one thread per virtual row, a scalar loop: the textbook version;
@@ -18,7 +15,7 @@
 //   reduce_rows_vector  G threads per virtual row (4 to 512: sized so each thread has a few
 //                       batches of loads), 16-byte loads, UNROLL of them in flight per
 //                       thread, independent accumulators, shuffles: what it takes to reach
-//                       the copy bandwidth. Split rows finish in the same launch.
+//                       the copy bandwidth.
 //   reduce_strided      any other single axis: (outer, R, inner), one thread per output,
 //                       consecutive threads read consecutive inner elements.
 //   trace_naive / trace_block / trace_unrolled: one thread; one block with a tree;
@@ -43,53 +40,9 @@ __global__ void reduce_rows_naive(const Tin* __restrict__ x, Tout* __restrict__ 
     y[v] = from_acc<Tout>(acc);
 }
 
-// A split row's segment is done: store its partial; the block drawing the row's last
-// ticket reduces the S partials in fixed order, writes y[r] and resets the ticket for the
-// next launch on this stream (tickets come zeroed from the host and are left zeroed).
-// One virtual row per block, called by every thread of the block; blockDim.x is a power
-// of two; scratch holds one slot per warp.
-// Why not a second launch: on a 35 us reduction the launch gap and the second kernel cost
-// about 10% (benchmarks/NOTES.md).
-template <typename Op, typename A, typename Tout>
-__device__ __forceinline__ void finish_split_row(A total, i64 v, int S, Tout* y, A* partial,
-                                                 unsigned* tickets, A* scratch) {
-    __shared__ int last;
-    const i64 r = v / S;
-    if (threadIdx.x == 0) {
-        partial[v] = total;
-        __threadfence();  // the partial is visible device-wide before the ticket is drawn
-        last = atomicAdd(tickets + r, 1u) == (unsigned)(S - 1);
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    // Up to a few thousand partials, read from L2 (__ldcg: never a stale L1 line), 8 in
-    // flight per thread so the tail is a few L2 round trips, not S / blockDim of them.
-    constexpr int U = 8;
-    const A* p = partial + r * S;
-    const int T = blockDim.x;
-    A acc[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) acc[u] = Op::template identity<A>();
-    int i = threadIdx.x;
-    for (; i + (U - 1) * T < S; i += U * T) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) acc[u] = Op::apply(acc[u], __ldcg(p + i + u * T));
-    }
-    for (; i < S; i += T) acc[0] = Op::apply(acc[0], __ldcg(p + i));
-#pragma unroll
-    for (int u = 1; u < U; ++u) acc[0] = Op::apply(acc[0], acc[u]);
-    const A sum = group_reduce<Op>(acc[0], T, scratch);
-    if (threadIdx.x == 0) {
-        y[r] = from_acc<Tout>(sum);
-        tickets[r] = 0;
-    }
-}
-
 template <typename Tin, typename Tout, typename Op>
 __global__ void reduce_rows_block(const Tin* __restrict__ x, Tout* __restrict__ y, i64 R, i64 n,
-                                  int S, i64 L, typename AccOf<Op, Tout>::type* partial,
-                                  unsigned* tickets) {
+                                  int S, i64 L) {
     typedef typename AccOf<Op, Tout>::type A;
     __shared__ A tree[256];
     const i64 v = blockIdx.x;
@@ -104,11 +57,7 @@ __global__ void reduce_rows_block(const Tin* __restrict__ x, Tout* __restrict__ 
         if (threadIdx.x < w) tree[threadIdx.x] = Op::apply(tree[threadIdx.x], tree[threadIdx.x + w]);
         __syncthreads();
     }
-    if (S == 1) {
-        if (threadIdx.x == 0) y[v] = from_acc<Tout>(tree[0]);
-    } else {
-        finish_split_row<Op>(tree[0], v, S, y, partial, tickets, tree);
-    }
+    if (threadIdx.x == 0) y[v] = from_acc<Tout>(tree[0]);
 }
 
 // G threads (a power of two) per virtual row, blockDim.x / G rows per block.
@@ -146,8 +95,7 @@ __device__ __forceinline__ A vec_reduce(const uint4& raw) {
 
 template <typename Tin, typename Tout, typename Op>
 __global__ void reduce_rows_vector(const Tin* __restrict__ x, Tout* __restrict__ y, i64 R, i64 n,
-                                   int S, i64 L, typename AccOf<Op, Tout>::type* partial,
-                                   unsigned* tickets, int G, int aligned) {
+                                   int S, i64 L, int G, int aligned) {
     typedef typename AccOf<Op, Tout>::type A;
     constexpr int N = Vec<Tin>::N;
     // 4 loads in flight per thread (8 for 2-byte types measured no better)
@@ -202,11 +150,7 @@ __global__ void reduce_rows_vector(const Tin* __restrict__ x, Tout* __restrict__
 #pragma unroll
     for (int u = 1; u < UNROLL; ++u) acc[0] = Op::apply(acc[0], acc[u]);
     const A total = group_reduce<Op>(acc[0], G, scratch);
-    if (S == 1) {
-        if (active && t == 0) y[v] = from_acc<Tout>(total);
-    } else {  // split rows are launched one group per block (G == blockDim.x), all active
-        finish_split_row<Op>(total, v, S, y, partial, tickets, scratch);
-    }
+    if (active && t == 0) y[v] = from_acc<Tout>(total);
 }
 
 // Reduce axis 1 of a contiguous (outer, R, inner) array into (outer, inner).

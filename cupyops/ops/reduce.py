@@ -2,9 +2,9 @@
 
 Fast paths: the whole array and trailing axes are row reductions (R rows of n contiguous
 elements); one other axis is a strided reduction; any other set of axes is moved to the
-end (one copy) and reduced as rows. Few long rows are cut into segments so the GPU stays
-busy; the last block to finish a row reduces its segments' partials in a fixed order
-(integer tickets, no float atomics: results are bitwise the same run to run on a GPU).
+end (one copy) and reduced as rows. Few long rows are cut into segments whose partials a
+second pass reduces, so the GPU stays busy without atomics (results are bitwise the same
+run to run on a given GPU).
 """
 import builtins
 
@@ -232,28 +232,21 @@ def _rows(op, impl, xd, y, R, n, din, dout):
     acc = _OPS[op][1][dout]
     cp = _arrays.cupy_module()
     partial = cp.empty((R, S), _dtypes.to_dtype(acc))
-    if impl == "naive":  # the textbook rung keeps the second launch over the partials
-        _rows_launch(op, impl, xd, partial, R, n, S, L, din, acc)
-        _rows_launch(op, impl, partial, y, R, S, 1, S, acc, dout)
-    else:  # the last block of each row reduces its partials (kernels/reduce.cu)
-        _rows_launch(op, impl, xd, y, R, n, S, L, din, dout, partial, _arrays.tickets(R))
+    _rows_launch(op, impl, xd, partial, R, n, S, L, din, acc)
+    _rows_launch(op, impl, partial, y, R, S, 1, S, acc, dout)
 
 
-def _rows_launch(op, impl, xd, y, R, n, S, L, din, dout, partial=None, tickets=None):
+def _rows_launch(op, impl, xd, y, R, n, S, L, din, dout):
     fn = KERNELS.function(_name(_ROW_KERNELS[impl], op, din, dout))
     V = R * S
     args = (xd, y, np.int64(R), np.int64(n), np.int32(S), np.int64(L))
     if impl == "naive":
         fn((_launch.cdiv(V, 128),), (128,), args)
-        return
-    # unused when S == 1: any device pointer will do
-    args += (y if partial is None else partial, y if tickets is None else tickets)
-    if impl == "block":
+    elif impl == "block":
         fn((V,), (256,), args)
     else:
         G = vector_group(L, xd.itemsize)
         vec = 16 // xd.itemsize
         aligned = _launch.rows_aligned(vec, n, xd) and L % vec == 0
-        # a split row finishes with a block-wide reduction: one group per block
-        block = G if S > 1 else builtins.max(G, 128)  # this module's max is the reduction
+        block = builtins.max(G, 128)  # this module's max is the reduction
         fn((_launch.cdiv(V, block // G),), (block,), args + (np.int32(G), np.int32(aligned)))
