@@ -6,6 +6,7 @@ CuPy out, on CuPy's current stream; NumPy in -> NumPy out (through pinned memory
 """
 from ._kernels import CompileError, warmup
 from .ops import OPS, variants
+from .ops.gemm import gemm, matmul
 from .ops.norm import layer_norm, rms_norm
 from .ops.reduce import max, sum, trace  # noqa: A004 - NumPy's names
 from .ops.softmax import softmax
@@ -19,7 +20,9 @@ __all__ = [
     "CompileError",
     "OPS",
     "amax",
+    "gemm",
     "layer_norm",
+    "matmul",
     "max",
     "reference",
     "rms_norm",

@@ -65,7 +65,7 @@ __device__ __forceinline__ typename GemmTypes<T>::Out gemm_epilogue(
     typename GemmTypes<T>::Acc acc, const typename GemmTypes<T>::Out* c,
     typename GemmTypes<T>::Scalar alpha, typename GemmTypes<T>::Scalar beta) {
     typedef typename GemmTypes<T>::Out Out;
-    if constexpr (GemmTypes<T>::Scalar(0.5) == 0) {  // integers: wrap, never overflow UB
+    if constexpr (static_cast<typename GemmTypes<T>::Scalar>(0.5) == 0) {  // integers: wrap, no UB
         unsigned v = (unsigned)alpha * (unsigned)acc;
         if (beta != 0) v += (unsigned)beta * (unsigned)(*c);
         return (Out)v;

@@ -20,6 +20,7 @@ VARIANTS = {
     "softmax": ["naive", "online", "fused"],
     "layer_norm": ["twopass", "welford", "fused"],
     "rms_norm": ["twopass", "fused"],
+    "matmul": ["naive", "tiled", "regblock", "pipelined", "wmma", "mma", "skinny"],
 }
 
 
@@ -93,7 +94,42 @@ def test_full_suite_is_the_acceptance_set():
         got = {(c.shape, c.dtype) for c in cs if c.op == op and c.axis == -1}
         assert got == {(s, d) for s in big for d in cases.FLOAT_DTYPES}, op
     assert len([c for c in cs if c.op == "sum" and c.axis is None]) == 9
-    assert len(cs) == 1 + 5 * 9 + 9
+    gemms = {(c.shape, c.dtype) for c in cs if c.op == "matmul"}
+    assert {((4096, 4096, 4096), d) for d in ("float32", "float16", "bfloat16", "int8")} <= gemms
+    assert {((8192, 8192, 8192), d) for d in ("float32", "float16", "bfloat16", "int8")} <= gemms
+    assert len(cs) == 1 + 5 * 9 + 9 + 6 * 4
+
+
+def test_default_suite_has_the_llm_gemm_shapes():
+    cs = cases.expand_cases(cases.OPS, "quick")
+    got = {(c.shape, c.dtype) for c in cs if c.op == "matmul"}
+    llm = [(1, 4096, 4096), (16, 4096, 4096), (1, 11008, 4096), (4096, 4096, 11008), (8192, 8192, 8192)]
+    assert got == {(s, d) for s in llm for d in ("float16", "bfloat16")}
+    plan, _ = plan_for(["--op", "matmul", "--dtype", "fp16"])
+    skipped = {(c.shape, i.name) for c, im in plan for i in im if i.skip}
+    # the textbook rungs are left out of the big products in every suite, never of decode
+    assert ((8192, 8192, 8192), "naive") in skipped and ((8192, 8192, 8192), "tiled") in skipped
+    assert not any(s[0] == 1 for s, _ in skipped)
+    plan, _ = plan_for(["--op", "matmul", "--dtype", "fp16", "--no-skip-slow"])
+    assert not any(i.skip for _, im in plan for i in im)
+
+
+def test_matmul_bytes_flops_and_tolerance():
+    from cupyops import reference
+
+    c = cases.Case("matmul", "float16", (16, 4096, 11008), None)
+    assert cases.flops(c) == 2 * 16 * 4096 * 11008
+    assert cases.bytes_moved(c) == (16 * 11008 + 11008 * 4096) * 2 + 16 * 4096 * 2
+    i8 = cases.Case("matmul", "int8", (64, 32, 128), None)
+    assert cases.bytes_moved(i8) == 64 * 128 + 128 * 32 + 64 * 32 * 4  # int32 out
+    assert cases.tolerance(i8, reference.TOLERANCE) == 0.0
+    f32 = cases.Case("matmul", "float32", (8192, 8192, 8192), None)
+    assert cases.tolerance(f32, reference.TOLERANCE) == pytest.approx(2e-7 * math.sqrt(8192))
+    assert cases.flops(cases.Case("softmax", "float32", (4, 4))) is None
+    assert (c.rows, c.cols, c.axis_str) == (16, 4096, "")
+    rows = cases.sample_rows(f32)
+    assert len(rows) == 64 and rows[0] == 0 and rows[-1] == 8191
+    assert cases.sample_rows(cases.Case("matmul", "float32", (256, 256, 256), None)) is None
 
 
 def test_explicit_options_replace_the_suite():

@@ -622,7 +622,7 @@ def test_softmax_huge_magnitudes_are_nearly_one_hot(op, impl, dtype, n):
 
 
 # ---------------------------------------------------------------------------- API behaviour
-@pytest.mark.parametrize("op", cupyops.OPS)
+@pytest.mark.parametrize("op", [op for op in cupyops.OPS if op not in ("matmul", "gemm")])  # test_gpu_gemm.py
 def test_numpy_in_numpy_out_and_cupy_in_cupy_out(op):
     rng = np.random.default_rng()
     for mode in ("numpy", "cupy"):

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-OPS = ("trace", "sum", "max", "softmax", "layer_norm", "rms_norm")
+OPS = ("trace", "sum", "max", "softmax", "layer_norm", "rms_norm", "matmul")
 _OP_ALIASES = {
     "amax": "max",
     "layernorm": "layer_norm",
     "layer-norm": "layer_norm",
     "rmsnorm": "rms_norm",
     "rms-norm": "rms_norm",
+    "gemm": "matmul",
 }
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -28,15 +29,17 @@ OP_DTYPES = {
     "softmax": FLOAT_DTYPES,
     "layer_norm": FLOAT_DTYPES,
     "rms_norm": FLOAT_DTYPES,
+    "matmul": FLOAT_DTYPES + ("int8",),
 }
 _DTYPE_ALIASES = {
     "fp32": "float32", "f32": "float32", "float": "float32",
     "fp16": "float16", "f16": "float16", "half": "float16",
     "bf16": "bfloat16",
     "fp64": "float64", "f64": "float64", "double": "float64",
-    "i32": "int32", "i64": "int64",
+    "i32": "int32", "i64": "int64", "i8": "int8",
 }
-ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8}
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8,
+            "int8": 1}
 
 # Vendor baselines per op. CuPy has no layer/RMS norm of its own.
 BASELINES = {
@@ -46,6 +49,7 @@ BASELINES = {
     "softmax": ("cupy", "torch"),
     "layer_norm": ("torch",),
     "rms_norm": ("torch",),
+    "matmul": ("cupy", "torch"),  # cupy.matmul = cuBLAS (TF32 off); int8: torch._int_mm
 }
 BASELINE_NAMES = ("cupy", "torch")
 
@@ -53,7 +57,7 @@ BASELINE_NAMES = ("cupy", "torch")
 # row sum after an exp, so float32 lands near 1e-6..1e-5, above the pure-reduction bar.
 TOLERANCE_KIND = {
     "trace": "reduce", "sum": "reduce", "max": "reduce",
-    "softmax": "norm", "layer_norm": "norm", "rms_norm": "norm",
+    "softmax": "norm", "layer_norm": "norm", "rms_norm": "norm", "matmul": "gemm",
 }
 NORM_EPS = {"layer_norm": 1e-5, "rms_norm": 1e-6}
 
@@ -68,6 +72,11 @@ SLOW_LIMIT = 2**24
 CHECK_LIMIT = 2**22
 
 _BIG_SHAPES = ((16384, 8192), (65536, 1024), (1024, 131072))
+# matmul shapes are (M, N, K). LLM inference: decode (M = 1, 16 token rows against a
+# 4096x4096 or 4096x11008 weight), a prefill MLP projection, and the big square.
+_LLM_GEMMS = ((1, 4096, 4096), (16, 4096, 4096), (1, 11008, 4096), (4096, 4096, 11008),
+              (8192, 8192, 8192))
+_SQUARE_GEMMS = ((4096, 4096, 4096), (8192, 8192, 8192))
 _TRACE_SHAPE = (5977, 7890)  # awkward, non-square: the acceptance shape for trace
 # suite -> op ("*" = any other op) -> (shapes, dtypes)
 SUITES = {
@@ -75,11 +84,13 @@ SUITES = {
     # still fills the GPU (64 MiB of float32 is above any L2).
     "quick": {
         "trace": ((_TRACE_SHAPE,), ("float32",)),
+        "matmul": (_LLM_GEMMS, ("float16", "bfloat16")),
         "*": (((4096, 4096),), ("float32", "bfloat16")),
     },
     # The acceptance shapes: square-ish, many short rows, few very long rows.
     "full": {
         "trace": ((_TRACE_SHAPE,), ("float32",)),
+        "matmul": (_LLM_GEMMS + _SQUARE_GEMMS[:1], FLOAT_DTYPES + ("int8",)),
         "*": (_BIG_SHAPES, FLOAT_DTYPES),
     },
 }
@@ -100,18 +111,25 @@ class Case:
 
     @property
     def cols(self):
-        """Length of the last axis: the row the row-wise ops work on."""
-        return self.shape[-1]
+        """Length of the last axis: the row the row-wise ops work on (matmul: N, the
+        output's row)."""
+        return self.shape[1] if self.op == "matmul" else self.shape[-1]
 
     @property
     def rows(self):
-        return self.numel // self.cols
+        """Rows of the output checked row by row (matmul: M)."""
+        return self.shape[0] if self.op == "matmul" else self.numel // self.cols
+
+    @property
+    def work(self):
+        """What makes a rung slow: elements, or multiply-adds (M*N*K) for matmul."""
+        return self.numel  # matmul's shape is (M, N, K)
 
     @property
     def row_wise(self):
         """True when each output row depends only on the same input row (so a subset of
-        rows can be checked on its own)."""
-        return self.op in ("softmax", "layer_norm", "rms_norm") or (
+        rows can be checked on its own; matmul: row i of the output is row i of A times B)."""
+        return self.op in ("softmax", "layer_norm", "rms_norm", "matmul") or (
             self.op in ("sum", "max") and self.axis == -1
         )
 
@@ -121,7 +139,7 @@ class Case:
 
     @property
     def axis_str(self):
-        if self.op == "trace":
+        if self.op in ("trace", "matmul"):
             return ""
         return "all" if self.axis is None else str(self.axis)
 
@@ -261,7 +279,7 @@ def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None):
         op_dtypes = [d for d in (dtypes or suite_dtypes) if d in OP_DTYPES[op]]
         if op in DEFAULT_AXES:
             op_axes = axes or DEFAULT_AXES[op]
-        elif op == "trace":
+        elif op in ("trace", "matmul"):
             op_axes = (None,)
         else:
             op_axes = (-1,)
@@ -269,6 +287,11 @@ def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None):
             for s in op_shapes:
                 if len(s) != 2:
                     raise ValueError(f"--shape: trace needs a 2-D shape, got {'x'.join(map(str, s))}")
+        if op == "matmul":
+            op_shapes = [s for s in op_shapes if len(s) == 3] if shapes and len(ops) > 1 else op_shapes
+            for s in op_shapes:
+                if len(s) != 3:
+                    raise ValueError(f"--shape: matmul takes MxNxK, got {'x'.join(map(str, s))}")
         for axis in op_axes:
             for shape in op_shapes:
                 for dtype in op_dtypes:
@@ -290,22 +313,31 @@ def check_impl_names(requested, variants, ops):
 
 
 def is_slow_rung(name, ladder):
-    """The textbook rung (first of the ladder) and anything called naive."""
-    return (len(ladder) > 1 and name == ladder[0]) or "naive" in name
+    """The textbook rung (first of the ladder) and anything called naive; for GEMM also
+    the one-output-per-thread shared-memory rung."""
+    return (len(ladder) > 1 and name == ladder[0]) or "naive" in name or name == "tiled"
+
+
+# GEMM's textbook rungs run at a few TFLOP/s: past this many multiply-adds they are left
+# out unless --no-skip-slow, in every suite (the default suite has 8192^3 products).
+GEMM_SLOW_LIMIT = 2**31
 
 
 def impls_for(case, ladder, requested=None, baselines=True, skip_slow=False,
-              slow_limit=SLOW_LIMIT):
+              slow_limit=SLOW_LIMIT, gemm_skip_slow=True):
     """The impls to run on ``case``: ladder order, then 'auto', then baselines."""
     ladder = list(ladder)
     wanted = requested if requested else [*ladder, "auto", *BASELINES[case.op]]
+    if case.op == "matmul":
+        skip_slow, slow_limit = gemm_skip_slow, GEMM_SLOW_LIMIT
     out = []
     for name in ladder + ["auto"]:
         if name not in wanted:
             continue
         skip = None
-        if skip_slow and name != "auto" and is_slow_rung(name, ladder) and case.numel > slow_limit:
-            skip = f"slow rung on {case.numel} > {slow_limit} elements (--no-skip-slow runs it)"
+        if skip_slow and name != "auto" and is_slow_rung(name, ladder) and case.work > slow_limit:
+            what = "multiply-adds" if case.op == "matmul" else "elements"
+            skip = f"slow rung on {case.work} > {slow_limit} {what} (--no-skip-slow runs it)"
         out.append(Impl(name, "auto" if name == "auto" else "variant", skip))
     if baselines:
         out += [Impl(b, "baseline") for b in BASELINES[case.op] if b in wanted]
@@ -313,12 +345,12 @@ def impls_for(case, ladder, requested=None, baselines=True, skip_slow=False,
 
 
 def build_plan(cases, variants, requested=None, baselines=True, skip_slow=False,
-               slow_limit=SLOW_LIMIT):
+               slow_limit=SLOW_LIMIT, gemm_skip_slow=True):
     """[(case, [Impl, ...]), ...]; cases left with nothing to run are dropped."""
     plan = []
     for case in cases:
         impls = impls_for(case, variants.get(case.op, ()), requested, baselines,
-                          skip_slow, slow_limit)
+                          skip_slow, slow_limit, gemm_skip_slow)
         if impls:
             plan.append((case, impls))
     return plan
@@ -331,6 +363,8 @@ def result_itemsize(op, dtype):
     """Bytes per output element. Integer sums and traces widen to int64 as in NumPy."""
     if op in ("sum", "trace") and dtype in ("int32", "int64"):
         return 8
+    if op == "matmul" and dtype == "int8":
+        return 4
     return ITEMSIZE[dtype]
 
 
@@ -351,15 +385,33 @@ def bytes_moved(case):
         return 2 * numel * s + 2 * n * s  # + weight + bias
     if case.op == "rms_norm":
         return 2 * numel * s + n * s  # + weight
+    if case.op == "matmul":
+        M, N, K = case.shape
+        return (M * K + K * N) * s + M * N * result_itemsize("matmul", case.dtype)
     raise ValueError(f"unknown op {case.op!r}")
+
+
+def flops(case):
+    """Floating-point (int8: integer) operations of the case: 2 M N K for matmul, None for
+    the memory-bound ops (their metric is bandwidth)."""
+    if case.op == "matmul":
+        M, N, K = case.shape
+        return 2 * M * N * K
+    return None
 
 
 def sample_rows(case, limit=CHECK_LIMIT):
     """Rows to validate: None (all) when the case is small or not row-wise, else an evenly
     spaced sorted subset always holding the first and the last row."""
-    if not case.row_wise or limit <= 0 or case.numel <= limit:
+    if case.op == "matmul":
+        # the float64 host reference costs M*N*K multiply-adds: keep it to ~64 rows' worth
+        if limit <= 0 or case.work <= 16 * limit:
+            return None
+        k = 64
+    elif not case.row_wise or limit <= 0 or case.numel <= limit:
         return None
-    k = max(2, limit // case.cols)
+    else:
+        k = max(2, limit // case.cols)
     if k >= case.rows:
         return None
     return np.unique(np.linspace(0, case.rows - 1, k).round().astype(np.int64))
@@ -367,6 +419,10 @@ def sample_rows(case, limit=CHECK_LIMIT):
 
 def tolerance(case, table):
     """Allowed rel_error from reference.TOLERANCE; integer results must be exact."""
-    if case.dtype in ("int32", "int64"):
+    if case.dtype in ("int32", "int64", "int8"):
         return 0.0
-    return table[TOLERANCE_KIND[case.op]][case.dtype]
+    tol = table[TOLERANCE_KIND[case.op]][case.dtype]
+    if case.op == "matmul" and case.dtype == "float32":
+        # K products summed in float32: the rounding error grows as sqrt(K) (cuBLAS too)
+        tol = max(tol, 2e-7 * math.sqrt(case.shape[2]))
+    return tol

@@ -119,7 +119,7 @@ def make_plan(args, parser, variants_loader=None):
         parser.error(str(exc))
     skip_slow = args.skip_slow if args.skip_slow is not None else suite == "full"
     plan = cases.build_plan(case_list, variants, requested, not args.no_baselines,
-                            skip_slow, args.slow_limit)
+                            skip_slow, args.slow_limit, gemm_skip_slow=args.skip_slow is not False)
     if not plan:
         parser.error("nothing to run: no impl left for the selected ops (check --impl and "
                      "--no-baselines)")
@@ -168,6 +168,8 @@ def run(args, plan, settings):
 
     t_start = time.perf_counter()
     torch = torch_cuda()
+    if torch is not None:  # float32 matmul baselines in true float32 (TF32 off), as CuPy's
+        torch.backends.cuda.matmul.allow_tf32 = False
     if torch is None:
         plan = [(c, [i for i in impls if i.name != "torch"]) for c, impls in plan]
         log("PyTorch with CUDA not available: no torch baselines")
@@ -188,7 +190,9 @@ def run(args, plan, settings):
         n_runs = sum(1 for _, impls in plan for i in impls if not i.skip)
         log(f"{len(plan)} cases, {n_runs} impl runs")
         for k, (case, impls) in enumerate(plan, 1):
-            log(f"[{k}/{len(plan)}] {case}  ({cases.bytes_moved(case) / 1e6:.1f} MB to move)")
+            fl = cases.flops(case)
+            work = f"{fl / 1e9:.1f} GFLOP, " if fl else ""
+            log(f"[{k}/{len(plan)}] {case}  ({work}{cases.bytes_moved(case) / 1e6:.1f} MB to move)")
             rows += run_case(case, impls, args, flush, torch)
             cupy.get_default_memory_pool().free_all_blocks()
             if torch is not None:
@@ -260,8 +264,9 @@ def run_case(case, impls, args, flush, torch):
     """Rows for every impl of one case, in plan order."""
     from . import runners
 
-    base = {"op": case.op, "axis": None if case.op == "trace" else case.axis,
-            "dtype": case.dtype, "shape": case.shape_str, "bytes": cases.bytes_moved(case)}
+    base = {"op": case.op, "axis": None if case.op in ("trace", "matmul") else case.axis,
+            "dtype": case.dtype, "shape": case.shape_str, "bytes": cases.bytes_moved(case),
+            "flops": cases.flops(case)}
 
     def row(impl, status="ok", note=None, **kw):
         r = {**base, "impl": impl.name, "kind": impl.kind, "ms": None, "ms_min": None,
@@ -338,6 +343,8 @@ def progress_line(r, wall_s):
     head = f"    {r['impl']:<18}"
     if r["status"] == "ok":
         gbps = r["bytes"] / (r["ms"] * 1e-3) / 1e9
-        return (f"{head}{r['ms']:10.4f} ms {gbps:8.0f} GB/s  rel_err {r['rel_error']:.1e}  "
+        rate = (f"{r['flops'] / (r['ms'] * 1e-3) / 1e12:8.1f} TFLOP/s" if r.get("flops")
+                else f"{gbps:8.0f} GB/s")
+        return (f"{head}{r['ms']:10.4f} ms {rate}  rel_err {r['rel_error']:.1e}  "
                 f"[{wall_s:.1f} s]")
     return f"{head}{r['status']}: {r['note']}  [{wall_s:.1f} s]"

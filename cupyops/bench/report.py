@@ -4,8 +4,9 @@ bandwidth, speedup over the best baseline; and into a text table, markdown and J
 Pure Python (no CuPy): the CPU tests feed it fabricated rows.
 
 A row is a dict with at least: op, axis (-1, or None for all / trace), impl, kind
-("variant" | "auto" | "baseline"), dtype, shape ("16384x8192"), bytes, ms (None unless
-timed), rel_error, status ("ok" | "FAILED" | "skipped") and note (why, or None).
+("variant" | "auto" | "baseline"), dtype, shape ("16384x8192"; matmul "MxNxK"), bytes,
+flops (matmul only, else None), ms (None unless timed), rel_error, status ("ok" |
+"FAILED" | "skipped") and note (why, or None).
 """
 import json
 import math
@@ -20,6 +21,7 @@ COLUMNS = (
     ("ms", "ms", ">"),
     ("GB/s", "gbps", ">"),
     ("% copy", "pct_copy_bw", ">"),
+    ("TFLOP/s", "tflops", ">"),
     ("vs best base", "speedup_vs_best_baseline", ">"),
     ("rel err", "rel_error", ">"),
     ("status", "status", "<"),
@@ -46,6 +48,7 @@ def finalize(rows, copy_gbps):
         timed = r.get("status") == "ok" and ms
         r["gbps"] = r["bytes"] / (ms * 1e-3) / 1e9 if timed else None
         r["pct_copy_bw"] = 100.0 * r["gbps"] / copy_gbps if timed and copy_gbps else None
+        r["tflops"] = r["flops"] / (ms * 1e-3) / 1e12 if timed and r.get("flops") else None
         b = best.get(case_key(r))
         r["baseline"] = b["impl"] if b else None
         r["speedup_vs_best_baseline"] = b["ms"] / ms if (b and timed) else None
@@ -62,7 +65,7 @@ def any_failed(rows):
 # cells
 # ----------------------------------------------------------------------------------
 def axis_label(row):
-    if row["op"] == "trace":
+    if row["op"] in ("trace", "matmul"):
         return ""
     return "all" if row.get("axis") is None else str(row["axis"])
 
@@ -105,6 +108,7 @@ def cells(row, note_width=60):
         _ms(row.get("ms") if row.get("status") == "ok" else None),
         _num(row.get("gbps")),
         _num(row.get("pct_copy_bw")),
+        _num(row.get("tflops")),
         "" if spd is None else f"{spd:.2f}x",
         rel_s,
         status,
@@ -180,7 +184,8 @@ def header_lines(meta):
             f"row-wise cases above {s.get('check_limit')} elements compare a row subset"
         )
     lines.append("bytes: each input read once, each output written once (trace: the diagonal "
-                 "elements only); vs best base = best baseline ms / this ms (> 1: faster)")
+                 "elements only); matmul shapes are MxNxK, TFLOP/s = 2MNK / time; "
+                 "vs best base = best baseline ms / this ms (> 1: faster)")
     return lines
 
 

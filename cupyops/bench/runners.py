@@ -28,8 +28,8 @@ _EXP_MASK = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000,
 @dataclass
 class CaseData:
     case: object
-    x: object  # cupy array of case.shape
-    weight: object = None
+    x: object  # cupy array of case.shape (matmul: A, M x K)
+    weight: object = None  # matmul: B, K x N
     bias: object = None
     rows: object = None  # cupy int64 row indices checked, or None for all
     ref: object = None  # float64 reference (on the checked rows)
@@ -51,6 +51,8 @@ def random_normal(shape, dtype, seed):
     from .._dtypes import to_dtype
 
     rs = cupy.random.RandomState(seed)
+    if dtype == "int8":
+        return rs.randint(-128, 128, size=shape, dtype="int8")
     if dtype in ("int32", "int64"):
         return rs.randint(-1000, 1001, size=shape, dtype=dtype)
     if dtype == "float64":
@@ -64,6 +66,8 @@ def prepare(case, *, seed=0, check_limit=_cases.CHECK_LIMIT):
 
     from .. import reference
 
+    if case.op == "matmul":
+        return _prepare_matmul(case, seed, check_limit)
     x = random_normal(case.shape, case.dtype, seed)
     data = CaseData(case, x, tol=_cases.tolerance(case, reference.TOLERANCE))
     if case.op in _cases.NORM_EPS:
@@ -81,6 +85,24 @@ def prepare(case, *, seed=0, check_limit=_cases.CHECK_LIMIT):
     data.ref = reference_output(case, x_host, w_host, b_host)
     if rows is not None:
         data.ref = data.ref.reshape(len(rows), -1)
+    return data
+
+
+def _prepare_matmul(case, seed, check_limit):
+    """A (M x K) and B (K x N) as ``matmul(a, b)`` gets them (row-major, what an
+    activation times a K x N weight is), and the float64 reference of the rows checked."""
+    import cupy
+
+    from .. import reference
+
+    M, N, K = case.shape
+    a = random_normal((M, K), case.dtype, seed)
+    b = random_normal((K, N), case.dtype, seed + 1)
+    data = CaseData(case, a, weight=b, tol=_cases.tolerance(case, reference.TOLERANCE))
+    rows = _cases.sample_rows(case, check_limit)
+    if rows is not None:
+        data.rows = cupy.asarray(rows)
+    data.ref = reference.matmul(host_rows(data, a), b.get())
     return data
 
 
@@ -176,6 +198,8 @@ def cupyops_call(data, impl):
     if c.op == "rms_norm":
         eps = _cases.NORM_EPS["rms_norm"]
         return lambda out=None: cupyops.rms_norm(x, w, eps=eps, out=out, impl=impl)
+    if c.op == "matmul":
+        return lambda out=None: cupyops.matmul(x, w, out=out, impl=impl)
     raise ValueError(f"unknown op {c.op!r}")
 
 
@@ -196,6 +220,11 @@ def baseline_call(data, name, torch=None):
             from cupyx.scipy.special import softmax
 
             return lambda: softmax(x, axis=-1)
+        if c.op == "matmul":
+            if c.dtype == "int8":  # NumPy semantics: int8 @ int8 -> int8, another product
+                raise TypeError("cupy.matmul of int8 returns int8 (no int32 accumulation)")
+            w = data.weight
+            return lambda: cupy.matmul(x, w)
         raise ValueError(f"CuPy has no {c.op}")
     if name == "torch":
         if torch is None:
@@ -217,6 +246,10 @@ def baseline_call(data, name, torch=None):
         if c.op == "rms_norm":
             eps = _cases.NORM_EPS["rms_norm"]
             return lambda: F.rms_norm(x, (n,), w, eps)
+        if c.op == "matmul":
+            if c.dtype == "int8":  # int8 x int8 -> int32 (cuBLASLt); needs M > 16
+                return lambda: torch._int_mm(x, w)
+            return lambda: torch.matmul(x, w)
     raise ValueError(f"unknown baseline {name!r}")
 
 

@@ -1,6 +1,6 @@
 """The operators. Each family module owns its kernel file(s), its variant table
 (public ``impl=`` names -> one line on what the rung adds) and its launchers."""
-from . import norm, reduce, softmax
+from . import gemm, norm, reduce, softmax
 
 _FAMILIES = {
     "trace": reduce,
@@ -9,6 +9,8 @@ _FAMILIES = {
     "softmax": softmax,
     "layer_norm": norm,
     "rms_norm": norm,
+    "matmul": gemm,
+    "gemm": gemm,
 }
 
 OPS = tuple(_FAMILIES)

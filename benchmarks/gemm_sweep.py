@@ -1,0 +1,93 @@
+"""Tile-configuration sweep for the GEMM rungs: every ``config`` a launcher accepts
+(cupyops/ops/_gemm_*.py CONFIGS), on the acceptance shapes, validated on a sample of rows
+against the float64 reference, then timed (CUDA events, L2 flushed, median), side by side
+with cupy.matmul (cuBLAS). The defaults in the launchers are chosen from this.
+
+    python benchmarks/gemm_sweep.py [--json PATH] [--only pipelined,mma,skinny]
+Prints one line per configuration: impl dtype MxNxK layout config ms TFLOP/s ratio-to-cuBLAS.
+"""
+import argparse
+import json
+
+import cupy as cp
+import numpy as np
+
+from cupyops import reference
+from cupyops.bench.runners import random_normal
+from cupyops.bench.timing import L2Flusher, time_gpu
+from cupyops.ops import gemm as G
+
+CASES = {
+    "pipelined": [("float32", (4096, 4096, 4096)), ("float32", (8192, 8192, 8192))],
+    "mma": [("float16", (4096, 4096, 4096)), ("float16", (8192, 8192, 8192)),
+            ("bfloat16", (8192, 8192, 8192)), ("float16", (4096, 4096, 11008)),
+            ("int8", (8192, 8192, 8192))],
+    "skinny": [(d, s) for d in ("float16", "bfloat16") for s in
+               ((1, 4096, 4096), (16, 4096, 4096), (1, 11008, 4096), (64, 4096, 4096))],
+}
+
+
+def problem(a, b, d, ta, tb):
+    M, N = d.shape
+    K = a.shape[0] if ta else a.shape[1]
+    dt = "int8" if a.dtype == np.int8 else a.dtype.name
+    (p,) = G._problems(dt, ta, tb, M, N, K, a, b, None, d, (), 1, 0, cp)
+    return p
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--only", default="pipelined,mma,skinny")
+    ap.add_argument("--layouts", default="nn,nt", help="nn: a @ b; nt: a @ b.T (B stored N x K)")
+    ap.add_argument("--repeats", type=int, default=10)
+    args = ap.parse_args()
+    flush = L2Flusher()
+    results = []
+    for impl in args.only.split(","):
+        mod = G._LAUNCHERS[impl]
+        for dt, (M, N, K) in CASES[impl]:
+            a = random_normal((M, K), dt, 1)
+            b = random_normal((K, N), dt, 2)
+            bt = cp.ascontiguousarray(b.T)
+            rows = np.unique(np.linspace(0, M - 1, min(M, 32)).round().astype(np.int64))
+            ref = reference.matmul(a[rows].get(), b.get())
+            if dt == "int8":
+                ref = ref.astype(np.int32)
+            flops = 2 * M * N * K
+            d = cp.empty((M, N), np.int32 if dt == "int8" else a.dtype)
+            base = None
+            if dt != "int8":
+                base = time_gpu(lambda: cp.matmul(a, b), repeats=args.repeats, warmup=2, flush=flush).median_ms
+                print(f"{'cublas':10s} {dt:9s} {M}x{N}x{K:<6d} nn {'':14s} {base:8.4f} ms "
+                      f"{flops / base / 1e9:7.1f} TFLOP/s", flush=True)
+            for lay in args.layouts.split(","):
+                p = problem(a, b if lay == "nn" else bt, d, False, lay == "nt")
+                for cfg in (None, *mod.CONFIGS.get(impl, ())):
+                    label = cfg or "default"
+                    try:
+                        d.fill(0)
+                        mod.launch(impl, p, cfg)
+                        err = reference.rel_error(d[rows].get(), ref)
+                    except Exception as exc:  # a config that cannot run this shape
+                        print(f"  {impl} {dt} {M}x{N}x{K} {lay} {label}: {type(exc).__name__}: {exc}")
+                        continue
+                    tol = 0.0 if dt == "int8" else max(reference.TOLERANCE["gemm"][dt], 2e-7 * K ** 0.5)
+                    if not err <= tol:
+                        print(f"  WRONG {impl} {dt} {M}x{N}x{K} {lay} {label}: rel error {err:.3g}", flush=True)
+                        continue
+                    ms = time_gpu(lambda: mod.launch(impl, p, cfg), repeats=args.repeats, warmup=2,
+                                  flush=flush).median_ms
+                    ratio = base / ms if base else float("nan")
+                    results.append({"impl": impl, "dtype": dt, "shape": [M, N, K], "layout": lay,
+                                    "config": label, "ms": ms, "tflops": flops / ms / 1e9,
+                                    "vs_cublas": ratio})
+                    print(f"{impl:10s} {dt:9s} {M}x{N}x{K:<6d} {lay} {label:14s} {ms:8.4f} ms "
+                          f"{flops / ms / 1e9:7.1f} TFLOP/s {ratio:5.2f}x", flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=0)
+
+
+if __name__ == "__main__":
+    main()

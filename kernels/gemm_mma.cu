@@ -1,0 +1,784 @@
+// gemm_mma.cu: D = alpha * op(A) @ op(B) + beta * C on the tensor cores, under the contract
+// of gemm_common.cuh (GEMM_PARAMS, the four layouts, BLAS beta, any shape and alignment).
+//
+// Work: 2*M*N*K flops. An H200 does ~990 TFLOP/s of dense fp16/bf16 (2x that for int8):
+// 2048 fp16 MAC/clk/SM, one m16n8k16 per 4 clocks per SM sub-partition. cuBLAS (wgmma +
+// TMA) sustains ~770 (fp16) / ~795 (bf16). The warp-level mma.sync these rungs use must
+// bring every operand through registers with ldmatrix: a 64x64 warp tile reads 4 KB of
+// shared memory per k16 step for 32 mma, so a 128x256 block tile moves 1408 x 128-byte
+// wavefronts (ldmatrix + cp.async writes) per BK = 64 slice against 1024 clocks of mma at
+// peak: shared memory caps mma.sync near 70% of peak. What separates the rungs is how well
+// the tensor cores are fed from shared memory:
+//   1. gemm_wmma    nvcuda::wmma 16x16x16 fragments, 64x64 block tile, 4 warps of 32x32,
+//                   BK = 32 tiles staged in padded shared memory, load / barrier / compute /
+//                   barrier. The textbook tensor-core GEMM: the fragment layout is hidden,
+//                   so nothing can be tuned below it, and nothing overlaps global latency.
+//   2. gemm_mma     mma.sync m16n8k16 (fp32 accumulate) from inline PTX, fragments loaded
+//                   with ldmatrix.x4 (.trans for the M/N-contiguous operands) from an
+//                   XOR-swizzled shared-memory ring (no bank conflicts for the cp.async
+//                   writes nor the ldmatrix reads, no padding), filled 3-4 stages ahead by
+//                   16-byte cp.async, fragments of k-step s+1 loaded while the mma of s
+//                   issue, 64x64 warp tiles (32 mma per 8 ldmatrix), grouped block order
+//                   for L2 reuse, epilogue staged through shared memory for 16-byte stores.
+//   3. gemm_mma_s8  the same pipeline with mma.sync m16n8k32 s8 -> s32 (2x the fp16 rate).
+//                   ldmatrix cannot transpose bytes and the mma wants K contiguous in every
+//                   register of both operands, so an M- or N-contiguous int8 operand (TA,
+//                   or !TB: matmul(a, b)) is transposed while staging: 4 k-rows x 16 bytes
+//                   in registers, 4x4 byte blocks transposed with prmt, 32-bit stores into
+//                   the K-contiguous swizzled layout; its global loads for tile k+S-1 are
+//                   issued before the mma of tile k and stored after them (edge tiles and
+//                   unaligned operands gather guarded bytes straight into shared memory).
+//                   Two staging units (32 registers) do not fit next to 64x64 int32 warp
+//                   tiles, so the launcher keeps such an operand on the 128-wide side.
+// (Leaves room for 4. an sm_90a wgmma + TMA rung: the launcher picks kernels in one place.)
+//
+// Launch geometry (cupyops/ops/_gemm_mma.py computes it):
+//   gemm_wmma<T, TA, TB>: block 128; grid (cdiv(M, 64) * cdiv(N, 64), 1, batch');
+//       ~27 KB static shared memory.
+//   gemm_mma<T, TA, TB, BM, BN, WM, WN, STAGES, MINB> and gemm_mma_s8<TA, TB, ...>:
+//       block 32 * (BM / WM) * (BN / WN); grid (cdiv(M, BM) * cdiv(N, BN), 1, batch');
+//       dynamic shared memory max(STAGES * (BM + BN) * 128, BM * (BN + 8) * 4) bytes (a
+//       stage holds 128 bytes of K: BK = 64 for 16-bit types, 128 for int8).
+//   batch' = min(batch, 65535); every kernel loops z over the rest of the stack, and the
+//   1-D tile grids loop over tiles past gridDim.x.
+#include "gemm_common.cuh"
+// nvcuda::wmma lives in <mma.h>, which includes crt/mma.h; NVIDIA's pip wheels ship the
+// former without the latter. Where the pair is incomplete the wmma rung uses gmma::wmma_lite
+// below: the same API subset on the same compiler builtins crt/mma.hpp calls.
+#if __has_include(<crt/mma.h>)
+#include <mma.h>
+#define CUOPS_WMMA_NS nvcuda::wmma
+#else
+#define CUOPS_WMMA_NS gmma::wmma_lite
+#endif
+
+using namespace cuops;
+
+namespace gmma {
+
+// ------------------------------------------------------------------ PTX wrappers
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copies that bypass registers (and L1: .cg; the tile is reused
+// from shared memory). The zfill form copies `bytes` (0..16) and zero-fills the rest, so
+// an edge chunk costs no branch and a chunk past the edge reads nothing.
+__device__ __forceinline__ void cp16(unsigned dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp16_zfill(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void sts128(unsigned dst, unsigned a, unsigned b, unsigned c, unsigned d) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+__device__ __forceinline__ void sts32(unsigned dst, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
+}
+
+// Four 8x8 matrices of 16-bit elements (8 rows of 16 bytes each; lanes 8i..8i+7 give the
+// row addresses of matrix i). Without .trans lane l receives, of matrix i, row l/4,
+// elements 2(l%4) and 2(l%4)+1 in register i; with .trans it receives column l/4, rows
+// 2(l%4) and 2(l%4)+1, i.e. the same from the transposed matrix.
+template <bool TRANS> __device__ __forceinline__ void ldsm4(unsigned addr, unsigned (&r)[4]) {
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// d += a * b for one 16x8 output tile. Fragments (PTX ISA, "Matrix Fragments for mma"),
+// g = lane / 4, t = lane % 4:
+//   m16n8k16 f16/bf16: a0 = (row g, k 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..),
+//       a3 = (g+8, 2t+8..); b0 = (k 2t..2t+1, col g), b1 = (k 2t+8.., g).
+//   m16n8k32 s8: the same with 4 bytes of k per register: a0 = (g, 4t..4t+3),
+//       a1 = (g+8, 4t..), a2 = (g, 4t+16..), a3 = (g+8, 4t+16..); b0 = (k 4t.., g),
+//       b1 = (k 4t+16.., g).
+//   d0, d1 = (row g, cols 2t, 2t+1), d2, d3 = (row g+8, cols 2t, 2t+1).
+// In bytes the two are the same: register i of A covers rows (i&1)*8 + g and the 16-byte
+// k-chunk i/2 of the k-step; register j of B the k-chunk j. So one ldmatrix addressing
+// serves both element types.
+template <typename T> struct IsF16 { static constexpr bool value = false; };
+template <> struct IsF16<__half> { static constexpr bool value = true; };
+
+template <typename T>
+__device__ __forceinline__ void mma_tile(typename GemmTypes<T>::Acc (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+    if constexpr (sizeof(T) == 1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else if constexpr (IsF16<T>::value) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+// Transpose a 4x4 byte block: x[r] holds bytes (r, 0..3) -> y[c] holds bytes (0..3, c).
+// prmt picks bytes 0-3 from its first operand, 4-7 from its second; 6 prmt per block.
+__device__ __forceinline__ void transpose4x4(unsigned x0, unsigned x1, unsigned x2, unsigned x3, unsigned (&y)[4]) {
+    const unsigned t0 = __byte_perm(x0, x1, 0x5140);  // x0.0 x1.0 x0.1 x1.1
+    const unsigned t1 = __byte_perm(x0, x1, 0x7362);  // x0.2 x1.2 x0.3 x1.3
+    const unsigned t2 = __byte_perm(x2, x3, 0x5140);  // x2.0 x3.0 x2.1 x3.1
+    const unsigned t3 = __byte_perm(x2, x3, 0x7362);  // x2.2 x3.2 x2.3 x3.3
+    y[0] = __byte_perm(t0, t2, 0x5410);               // x0.0 x1.0 x2.0 x3.0
+    y[1] = __byte_perm(t0, t2, 0x7632);               // x0.1 x1.1 x2.1 x3.1
+    y[2] = __byte_perm(t1, t3, 0x5410);
+    y[3] = __byte_perm(t1, t3, 0x7632);
+}
+
+// Accumulator <-> raw 32-bit word (the epilogue moves accumulators through shared memory).
+__device__ __forceinline__ unsigned to_bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ unsigned to_bits(int v) { return static_cast<unsigned>(v); }
+template <typename A> __device__ __forceinline__ A from_bits(unsigned w) {
+    if constexpr (sizeof(A) == 4 && A(0.5) == A(0)) return static_cast<A>(w);
+    else return __uint_as_float(w);
+}
+
+template <int S> struct RawOf;
+template <> struct RawOf<1> { typedef unsigned char type; };
+template <> struct RawOf<2> { typedef unsigned short type; };
+
+// Grouped block order: consecutive blocks walk down a group of GROUP tile rows before
+// moving right, so the ~132 resident blocks share a few A row panels and B column panels
+// in L2 instead of each streaming its own.
+template <int GROUP>
+__device__ __forceinline__ void tile_coords(int tile, int tm, int tn, int& pm, int& pn) {
+    const int width = GROUP * tn, group = tile / width, first = group * GROUP;
+    const int rows = min(tm - first, GROUP), local = tile - group * width;
+    pm = first + local % rows;
+    pn = local / rows;
+}
+
+// ------------------------------------------------------------------ one operand's tile
+// A stage holds, for each operand, R rows (m for A, n for B) x 128 bytes of K, in one of
+// three arrangements:
+//   KC  K contiguous in global memory (A when !TA, B when TB): shared rows are the R
+//       m/n rows, 8 chunks of 16 bytes of K each; filled by cp.async; read by ldmatrix.
+//   MC  M/N contiguous, 16-bit types (A when TA, B when !TB): shared rows are the BK = 64
+//       k rows, R elements each (R / 8 chunks); cp.async; ldmatrix.trans hands out the
+//       k-pairs the mma wants.
+//   TS  M/N contiguous int8: transposed while staging into the KC arrangement (the mma
+//       wants 4 consecutive k per register and ldmatrix cannot transpose bytes).
+// Swizzle: chunk c of shared row r lives at chunk c ^ sw(r) of that row (the XOR only
+// touches the low 3 bits, staying inside the row). ldmatrix reads 8 rows (aligned to 8) at
+// one logical chunk per matrix: row & 7 gives 8 different physical chunks = all 32 banks.
+// cp.async writes 8 consecutive chunks of one row per 8 lanes: again 8 physical chunks.
+// TS uses sw(r) = (r ^ (r >> 4)) & 7: its 32-bit stores hit rows 16 apart in one
+// instruction (see TsStage), which the r >> 4 term spreads over the banks; ldmatrix reads
+// of 8 aligned rows still see r >> 4 constant and r & 7 distinct.
+enum { KC = 0, MC = 1, TS = 2 };
+
+template <typename T, int KIND, int R, int THREADS, bool ROLE_A>
+struct Operand {
+    static constexpr int VE = 16 / sizeof(T);            // elements per 16-byte chunk
+    static constexpr int BK = 128 / sizeof(T);           // K per stage
+    static constexpr int ROWS = KIND == MC ? BK : R;     // shared rows of the tile
+    static constexpr int CPR = KIND == MC ? R / VE : 8;  // 16-byte chunks per shared row
+    static constexpr int ROWB = CPR * 16;
+    static constexpr int BYTES = ROWS * ROWB;  // = R * 128 in every arrangement
+    static constexpr int CHUNKS = ROWS * CPR / THREADS;  // cp.async per thread per stage
+    static constexpr int RSTEP = THREADS / CPR;          // rows between a thread's chunks
+    static constexpr int UNITS = KIND == TS ? 2 * R / THREADS : 0;  // TS units per thread
+    static constexpr bool TRANS = KIND == MC;
+    static_assert(KIND == TS || (ROWS * CPR) % THREADS == 0, "chunks must split evenly over the block");
+    static_assert(KIND == TS || (THREADS % CPR == 0 && RSTEP % 8 == 0), "a thread's chunks share one swizzle");
+    static_assert(KIND != TS || (UNITS >= 1 && 2 * R == UNITS * THREADS && R % 64 == 0), "TS units");
+
+    __device__ __forceinline__ static int sw(int row) {
+        if constexpr (KIND == TS) return (row ^ (row >> 4)) & 7;
+        else return row & 7;
+    }
+
+    // cp.async the stage whose K range starts at k0 and M/N range at mn0 (KC, MC).
+    // vec: the operand passed gemm_vec_ok. A whole in-range tile takes the unguarded
+    // copies; an edge tile zero-fills per chunk; an unaligned operand loads elements.
+    __device__ __forceinline__ static void issue(unsigned s, const T* g, i64 ld, int mn0, int k0, int MN, int K,
+                                                 bool vec, int tid) {
+        const int r0 = KIND == MC ? k0 : mn0, c0 = KIND == MC ? mn0 : k0;  // storage origin
+        const int rlim = KIND == MC ? K : MN, clim = KIND == MC ? MN : K;
+        const int row = tid / CPR, ch = tid % CPR;
+        const unsigned dst = s + row * ROWB + ((ch ^ (row & 7)) << 4);
+        const int col = c0 + ch * VE;
+        const T* src = g + (i64)(r0 + row) * ld + col;
+        const i64 step = (i64)RSTEP * ld;
+        if (vec && r0 + ROWS <= rlim && c0 + CPR * VE <= clim) {
+            // A whole tile (all but the edge tiles): 2-3 instructions per 16 bytes.
+#pragma unroll
+            for (int i = 0; i < CHUNKS; ++i) cp16(dst + i * RSTEP * ROWB, src + i * step);
+        } else if (vec) {
+            // An edge tile: per chunk, the bytes inside the operand, zero fill for the rest.
+            const int bytes = max(0, min(VE, clim - col)) * (int)sizeof(T);
+#pragma unroll
+            for (int i = 0; i < CHUNKS; ++i) {
+                const bool ok = r0 + row + i * RSTEP < rlim && bytes > 0;
+                cp16_zfill(dst + i * RSTEP * ROWB, ok ? (const void*)(src + i * step) : (const void*)g, ok ? bytes : 0);
+            }
+        } else {
+            typedef typename RawOf<sizeof(T)>::type Raw;
+            constexpr int PER = 4 / sizeof(T);  // elements per 32-bit word
+            const Raw* p = reinterpret_cast<const Raw*>(src);
+#pragma unroll 1
+            for (int i = 0; i < CHUNKS; ++i) {
+                const bool rok = r0 + row + i * RSTEP < rlim;
+                unsigned w[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    w[q] = 0;
+#pragma unroll
+                    for (int e = 0; e < PER; ++e) {
+                        const int j = q * PER + e;
+                        if (rok && col + j < clim) w[q] |= (unsigned)p[i * step + j] << (8 * sizeof(T) * e);
+                    }
+                }
+                sts128(dst + i * RSTEP * ROWB, w[0], w[1], w[2], w[3]);
+            }
+        }
+    }
+
+    // Where lane l's row address for ldmatrix.x4 lies in an operand tile, for fragment idx
+    // of k-step ks (32 bytes of K); the warp's tile starts at m/n row wbase.
+    //   A role (idx = m16 tile): matrices (rows 0-7, chunk 0), (rows 8-15, chunk 0),
+    //       (rows 0-7, chunk 1), (rows 8-15, chunk 1) -> registers a0..a3.
+    //   B role (idx = pair of n8 tiles): (n 0-7, chunk 0), (n 0-7, chunk 1), (n 8-15,
+    //       chunk 0), (n 8-15, chunk 1) -> b0, b1 of tile 2 idx, b0, b1 of tile 2 idx + 1.
+    // MC stores the same matrices transposed (k rows): .trans turns them back.
+    // The swizzled offset splits into a per-thread part (frag_base, computed once) and
+    // compile-time parts: offset(ks, idx) = (base ^ frag_xor(ks, idx)) + frag_add(ks, idx).
+    // That holds because the k-step and idx terms land on chunk bits the base leaves
+    // clear: KC: chunk = 2 ks + cc (cc = bit 0), rows idx * 16 apart (a multiple of 8, so
+    // row & 7 is idx-free); MC: k rows ks * 16 apart (k & 7 is ks-free), chunk = wbase / 8
+    // + 2 idx + cc with wbase / 8 a multiple of 2 * (number of idx); TS: as KC, plus
+    // sw's (row >> 4) & 7 = ((wbase >> 4) + idx) & 7 = ((wbase >> 4) & 7) ^ idx since
+    // wbase is a multiple of 16 * (number of idx).
+    __device__ __forceinline__ static unsigned frag_base(int wbase, int l) {
+        if constexpr (KIND == MC) {
+            const int kr = ROLE_A ? ((l & 7) | ((l >> 4) << 3)) : (l & 15);
+            const int cc = ROLE_A ? ((l >> 3) & 1) : (l >> 4);
+            return kr * ROWB + (((wbase / 8 + cc) ^ (kr & 7)) << 4);
+        } else {
+            const int rr = ROLE_A ? (l & 15) : ((l & 7) | ((l >> 4) << 3));
+            const int cc = ROLE_A ? (l >> 4) : ((l >> 3) & 1);
+            const int row = wbase + rr;
+            return row * 128 + ((cc ^ sw(row)) << 4);
+        }
+    }
+    __host__ __device__ static constexpr unsigned frag_xor(int ks, int idx) {
+        return KIND == MC ? (unsigned)idx << 5 : (KIND == KC ? (unsigned)ks << 5 : ((unsigned)ks << 5) ^ ((unsigned)idx << 4));
+    }
+    __host__ __device__ static constexpr unsigned frag_add(int ks, int idx) {
+        return KIND == MC ? (unsigned)(ks * 16 * ROWB) : (unsigned)(idx * 16 * 128);
+    }
+};
+
+// TS staging of an M/N-contiguous int8 operand (stored K x MN with leading dimension ld).
+// A unit is 4 k-rows x 16 bytes of m/n: 4 16-byte loads -> 16 words -> four 4x4
+// transposes -> 16 words, each 4 consecutive k of one m/n, stored as one 32-bit word.
+// Unit u of a thread: lane bits 0-1 pick the word within a 16-byte K chunk, lane bit 2
+// the chunk half, lane bits 3-4 the 16-byte m/n block; the warp index the rest. Then one
+// load instruction reads 8 k-rows x 64 contiguous bytes, and one store instruction's 32
+// words land in 32 different banks: physical chunk = chunk ^ (n_lo ^ nb) & 7 takes 8
+// values over (lane bit 2, lane bits 3-4), times 4 words within the chunk.
+template <int R, int THREADS>
+struct TsStage {
+    static constexpr int UNITS = 2 * R / THREADS;
+
+    __device__ __forceinline__ static void coords(int u, int tid, int& chunk, int& kw, int& nb) {
+        const int uu = tid + u * THREADS, lane = uu & 31, rest = uu >> 5;
+        chunk = ((lane >> 2) & 1) * 4 + (rest & 3);  // 16-byte K chunk (0..7)
+        kw = chunk * 4 + (lane & 3);                  // 32-bit K word (0..31): k = 4 kw .. 4 kw + 3
+        nb = (lane >> 3) + 4 * (rest >> 2);           // 16-byte m/n block (0 .. R/16 - 1)
+    }
+
+    // fast (16-byte aligned operand, whole tile in range): 4 16-byte loads into registers,
+    // which fly under the mma until deposit() transposes and stores them. Otherwise
+    // (unaligned operand or edge tile) the unit's bytes are gathered right here with
+    // guarded byte loads (zero fill), already in K-contiguous order, and stored at once
+    // (the stage is free from the start of the iteration): the slow case holds no
+    // registers across the mma.
+    __device__ __forceinline__ static void fetch(unsigned (&x)[4][4], unsigned s, bool fast, const signed char* g,
+                                                 i64 ld, int mn0, int k0, int MN, int K, int tid, int u) {
+        int chunk, kw, nb;
+        coords(u, tid, chunk, kw, nb);
+        const int kk = k0 + kw * 4, mn = mn0 + nb * 16;
+        if (fast) {
+            const signed char* p = g + (i64)kk * ld + mn;
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const uint4 v = __ldg(reinterpret_cast<const uint4*>(p + r * ld));
+                x[r][0] = v.x;
+                x[r][1] = v.y;
+                x[r][2] = v.z;
+                x[r][3] = v.w;
+            }
+        } else {
+            const unsigned base = s + nb * 16 * 128 + (kw & 3) * 4;
+            const int cx = chunk ^ (nb & 7);
+            const unsigned char* q = reinterpret_cast<const unsigned char*>(g) + (i64)kk * ld + mn;
+#pragma unroll 1
+            for (int nlo = 0; nlo < 16; ++nlo) {
+                unsigned w = 0;
+#pragma unroll
+                for (int r = 0; r < 4; ++r)
+                    if (kk + r < K && mn + nlo < MN) w |= (unsigned)q[r * ld + nlo] << (8 * r);
+                sts32(base + nlo * 128 + ((cx ^ (nlo & 7)) << 4), w);
+            }
+        }
+    }
+
+    // Fetched registers -> the KC arrangement of the stage at s (fast case only).
+    __device__ __forceinline__ static void deposit(unsigned s, const unsigned (&x)[4][4], int tid, int u) {
+        int chunk, kw, nb;
+        coords(u, tid, chunk, kw, nb);
+        const unsigned base = s + nb * 16 * 128 + (kw & 3) * 4;
+        const int cx = chunk ^ (nb & 7);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            unsigned y[4];
+            transpose4x4(x[0][j], x[1][j], x[2][j], x[3][j], y);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int nlo = 4 * j + i;  // row n = 16 nb + nlo; sw(n) = (nlo ^ nb) & 7
+                sts32(base + nlo * 128 + ((cx ^ (nlo & 7)) << 4), y[i]);
+            }
+        }
+    }
+};
+
+// ------------------------------------------------------------------ the mma.sync GEMM
+// TS unit u of U (per thread and stage) is loaded at k-step u * 4 / U and stored after the
+// mma of k-step (u + 1) * 4 / U - 1: one unit's registers live at a time when U > 1.
+__host__ __device__ constexpr bool ts_fetch_at(int U, int u, int ks) { return U > 0 && u < U && ks == u * 4 / U; }
+__host__ __device__ constexpr bool ts_store_at(int U, int u, int ks) {
+    return U > 0 && u < U && ks == (u + 1) * 4 / U - 1;
+}
+
+template <typename T, bool TA, bool TB, int BM, int BN, int WM, int WN, int STAGES>
+__device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
+    typedef typename GemmTypes<T>::Acc Acc;
+    typedef typename GemmTypes<T>::Out Out;
+    constexpr bool I8 = sizeof(T) == 1;
+    constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
+    constexpr int MT = WM / 16, NT = WN / 8, NP = NT / 2, KSTEPS = 4, BK = 128 / sizeof(T);
+    constexpr bool A_TS = TA && I8, B_TS = !TB && I8;
+    typedef Operand<T, !TA ? KC : (I8 ? TS : MC), BM, THREADS, true> OpA;
+    typedef Operand<T, TB ? KC : (I8 ? TS : MC), BN, THREADS, false> OpB;
+    typedef TsStage<BM, THREADS> TsA;
+    typedef TsStage<BN, THREADS> TsB;
+    constexpr int UA = A_TS ? TsA::UNITS : 0, UB = B_TS ? TsB::UNITS : 0;
+    // Fragment double buffering costs 8 MT + 4 NT registers; the int8 kernels staging
+    // more than one TS unit per thread cannot afford them on top of the staging registers
+    // and load each k-step's fragments at its start instead (the other warps of the SM
+    // cover the ldmatrix latency).
+    constexpr bool FDB = UA + UB <= 1;
+    constexpr int NB = FDB ? 2 : 1;
+    constexpr int STAGE = OpA::BYTES + OpB::BYTES;
+    constexpr int CS_LD = BN + 8;  // epilogue row stride in words: 8 rows of a float2 store -> 2 wavefronts
+    static_assert(STAGES >= 2 && WM % 16 == 0 && WN % 16 == 0 && BM % WM == 0 && BN % WN == 0, "tile shape");
+    static_assert(UA <= KSTEPS && UB <= KSTEPS && (UA == 0 || KSTEPS % UA == 0) && (UB == 0 || KSTEPS % UB == 0),
+                  "TS schedule");
+    static_assert(KSTEPS % 2 == 0, "fragment double buffer parity");
+
+    extern __shared__ __align__(1024) unsigned char gemm_smem[];
+    const unsigned s0 = smem_u32(gemm_smem);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm0 = (warp / WARPS_N) * WM, wn0 = (warp % WARPS_N) * WN;
+    const unsigned fa = OpA::frag_base(wm0, lane), fb = OpB::frag_base(wn0, lane);
+
+    // 16-byte paths need every operand of the stack and every row 16-byte aligned.
+    const bool a_vec = gemm_vec_ok(A, lda, sA), b_vec = gemm_vec_ok(B, ldb, sB);
+    const bool dc_vec = gemm_vec_ok(D, ldd, sD) && (beta == 0 || gemm_vec_ok(C, ldc, sC));
+    const int KT = (K + BK - 1) / BK;
+    const int tm = (M + BM - 1) / BM, tn = (N + BN - 1) / BN, tiles = tm * tn;
+
+    for (int z = blockIdx.z; z < batch; z += gridDim.z) {
+        const T* Az = A + z * sA;
+        const T* Bz = B + z * sB;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            int pm, pn;
+            tile_coords<8>(tile, tm, tn, pm, pn);
+            const int m0 = pm * BM, n0 = pn * BN;
+            // TS fast path: aligned, and the tile inside M/N (and K: checked per k-tile).
+            const bool a_full = a_vec && m0 + BM <= M, b_full = b_vec && n0 + BN <= N;
+
+            Acc acc[MT][NT][4];
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) acc[i][j][q] = 0;
+
+            unsigned xa[UA > 0 ? UA : 1][4][4], xb[UB > 0 ? UB : 1][4][4];  // TS staging registers
+            unsigned af[NB][MT][4], bf[NB][NP][4];                          // (double-buffered) fragments
+
+            // Start the cp.async copies of k-tile kt into stage st.
+            auto issue = [&](int kt, int st) {
+                const unsigned sa = s0 + st * STAGE, sb = sa + OpA::BYTES;
+                if constexpr (!A_TS) OpA::issue(sa, Az, lda, m0, kt * BK, M, K, a_vec, tid);
+                if constexpr (!B_TS) OpB::issue(sb, Bz, ldb, n0, kt * BK, N, K, b_vec, tid);
+            };
+            // TS fast case per k-tile: aligned, the tile inside M/N (a_full) and K.
+            auto fetch_a = [&](int kt, int st, int u) {
+                if constexpr (A_TS)
+                    TsA::fetch(xa[u], s0 + st * STAGE, a_full && (kt + 1) * BK <= K, Az, lda, m0, kt * BK, M, K, tid, u);
+            };
+            auto fetch_b = [&](int kt, int st, int u) {
+                if constexpr (B_TS)
+                    TsB::fetch(xb[u], s0 + st * STAGE + OpA::BYTES, b_full && (kt + 1) * BK <= K, Bz, ldb, n0, kt * BK,
+                               N, K, tid, u);
+            };
+            auto deposit_a = [&](int kt, int st, int u) {
+                if constexpr (A_TS)
+                    if (a_full && (kt + 1) * BK <= K) TsA::deposit(s0 + st * STAGE, xa[u], tid, u);
+            };
+            auto deposit_b = [&](int kt, int st, int u) {
+                if constexpr (B_TS)
+                    if (b_full && (kt + 1) * BK <= K) TsB::deposit(s0 + st * STAGE + OpA::BYTES, xb[u], tid, u);
+            };
+            auto load_frags = [&](int buf, int st, int ks) {
+                const unsigned sa = s0 + st * STAGE, sb = sa + OpA::BYTES;
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+                    ldsm4<OpA::TRANS>(sa + ((fa ^ OpA::frag_xor(ks, i)) + OpA::frag_add(ks, i)), af[buf][i]);
+#pragma unroll
+                for (int j = 0; j < NP; ++j)
+                    ldsm4<OpB::TRANS>(sb + ((fb ^ OpB::frag_xor(ks, j)) + OpB::frag_add(ks, j)), bf[buf][j]);
+            };
+
+            // Prologue: k-tiles 0 .. STAGES-2 into stages 0 .. STAGES-2, one commit group
+            // per k-tile (empty past KT) so that wait_group counts stay uniform.
+#pragma unroll 1
+            for (int st = 0; st < STAGES - 1; ++st) {
+                if (st < KT) {
+                    issue(st, st);
+#pragma unroll
+                    for (int u = 0; u < KSTEPS; ++u) {
+                        if (u < UA) {
+                            fetch_a(st, st, u);
+                            deposit_a(st, st, u);
+                        }
+                        if (u < UB) {
+                            fetch_b(st, st, u);
+                            deposit_b(st, st, u);
+                        }
+                    }
+                }
+                cp_commit();
+            }
+            cp_wait<STAGES - 2>();
+            __syncthreads();
+            if constexpr (FDB) load_frags(0, 0, 0);
+
+            int rs = 0, ws = STAGES - 1;  // stage read this iteration, stage refilled
+            for (int kt = 0; kt < KT; ++kt) {
+                // Refill the stage k-tile kt-1 used (every warp finished reading it before
+                // the previous barrier) with k-tile kt + STAGES - 1.
+                const int nk = kt + STAGES - 1;
+                const bool more = nk < KT;
+                if (more) issue(nk, ws);
+                cp_commit();
+#pragma unroll
+                for (int ks = 0; ks < KSTEPS; ++ks) {
+                    if (more) {
+#pragma unroll
+                        for (int u = 0; u < KSTEPS; ++u) {
+                            if (ts_fetch_at(UA, u, ks)) fetch_a(nk, ws, u);
+                            if (ts_fetch_at(UB, u, ks)) fetch_b(nk, ws, u);
+                        }
+                    }
+                    if constexpr (!FDB) load_frags(0, rs, ks);
+                    if (ks == KSTEPS - 1) {
+                        if (more) {
+#pragma unroll
+                            for (int u = 0; u < KSTEPS; ++u) {
+                                if (ts_store_at(UA, u, ks)) deposit_a(nk, ws, u);
+                                if (ts_store_at(UB, u, ks)) deposit_b(nk, ws, u);
+                            }
+                        }
+                        // k-tile kt+1 has landed (groups retire in order; the STAGES-2
+                        // younger ones may still fly); the barrier publishes it (and the TS
+                        // stores) and retires every warp's reads of tile kt's fragments
+                        // except the last k-step's, already in registers.
+                        cp_wait<STAGES - 2>();
+                        __syncthreads();
+                        rs = rs + 1 == STAGES ? 0 : rs + 1;
+                        ws = ws + 1 == STAGES ? 0 : ws + 1;
+                    }
+                    // The next k-step's fragments (the next tile's first after the
+                    // barrier) load while this k-step's mma issue.
+                    if constexpr (FDB) load_frags((ks + 1) & 1, rs, (ks + 1) % KSTEPS);
+                    const int fb_ = FDB ? (ks & 1) : 0;
+#pragma unroll
+                    for (int i = 0; i < MT; ++i)
+#pragma unroll
+                        for (int j = 0; j < NT; ++j)
+                            mma_tile<T>(acc[i][j], af[fb_][i], bf[fb_][j >> 1][(j & 1) * 2],
+                                        bf[fb_][j >> 1][(j & 1) * 2 + 1]);
+                    if (ks != KSTEPS - 1 && more) {
+#pragma unroll
+                        for (int u = 0; u < KSTEPS; ++u) {
+                            if (ts_store_at(UA, u, ks)) deposit_a(nk, ws, u);
+                            if (ts_store_at(UB, u, ks)) deposit_b(nk, ws, u);
+                        }
+                    }
+                }
+            }
+
+            // Epilogue: accumulators -> shared memory (fp32 / int32, rows padded to
+            // BN + 8 words) -> each thread takes 16 bytes of output of one row: a 16-byte
+            // C load and D store when aligned and inside N, guarded elements otherwise.
+            cp_wait<0>();
+            __syncthreads();  // every warp is done reading the ring
+            Acc* cs = reinterpret_cast<Acc*>(gemm_smem);
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const int r = wm0 + i * 16 + (lane >> 2), c = wn0 + j * 8 + (lane & 3) * 2;
+                    *reinterpret_cast<uint2*>(cs + r * CS_LD + c) =
+                        make_uint2(to_bits(acc[i][j][0]), to_bits(acc[i][j][1]));
+                    *reinterpret_cast<uint2*>(cs + (r + 8) * CS_LD + c) =
+                        make_uint2(to_bits(acc[i][j][2]), to_bits(acc[i][j][3]));
+                }
+            __syncthreads();
+            constexpr int OV = 16 / sizeof(Out);  // outputs per 16-byte store
+            constexpr int TPR = BN / OV, RPP = THREADS / TPR;
+            static_assert(THREADS % TPR == 0, "epilogue rows");
+            const int cc = (tid % TPR) * OV, n = n0 + cc;
+            if (n < N) {
+                for (int r = tid / TPR; r < BM && m0 + r < M; r += RPP) {
+                    const i64 m = m0 + r;
+                    Acc v[OV];
+#pragma unroll
+                    for (int q = 0; q < OV; q += 4) {
+                        const uint4 w = *reinterpret_cast<const uint4*>(cs + r * CS_LD + cc + q);
+                        v[q] = from_bits<Acc>(w.x);
+                        v[q + 1] = from_bits<Acc>(w.y);
+                        v[q + 2] = from_bits<Acc>(w.z);
+                        v[q + 3] = from_bits<Acc>(w.w);
+                    }
+                    Out* d = D + z * sD + m * ldd + n;
+                    const Out* c = C + z * sC + m * ldc + n;
+                    if (dc_vec && n + OV <= N) {
+                        uint4 cin = make_uint4(0, 0, 0, 0), o;
+                        if (beta != 0) cin = *reinterpret_cast<const uint4*>(c);  // C may alias D: read first
+                        const Out* ce = reinterpret_cast<const Out*>(&cin);
+                        Out* oe = reinterpret_cast<Out*>(&o);
+#pragma unroll
+                        for (int e = 0; e < OV; ++e) oe[e] = gemm_epilogue<T>(v[e], ce + e, alpha, beta);
+                        *reinterpret_cast<uint4*>(d) = o;
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < OV; ++e)
+                            if (n + e < N) d[e] = gemm_epilogue<T>(v[e], c + e, alpha, beta);
+                    }
+                }
+            }
+            __syncthreads();  // the next tile's prologue overwrites cs
+        }
+    }
+}
+
+// ------------------------------------------------------------------ wmma
+#if !__has_include(<crt/mma.h>)
+// The subset of nvcuda::wmma gemm_wmma uses (m16n16k16, __half / __nv_bfloat16 inputs,
+// float accumulators), on the builtins crt/mma.hpp wraps: layout codes 0 = row-major,
+// 1 = column-major for loads and stores; for mma, 2 * (A col-major) + (B col-major).
+namespace wmma_lite {
+struct matrix_a;
+struct matrix_b;
+struct accumulator;
+struct row_major;
+struct col_major;
+enum layout_t { mem_row_major, mem_col_major };
+template <typename L> struct is_col { static constexpr int value = 0; };
+template <> struct is_col<col_major> { static constexpr int value = 1; };
+
+template <typename Use, int M_, int N_, int K_, typename T, typename L = void> struct fragment;
+// fp16 operand fragments take 8 registers (16 halves), bf16 ones 4 (8 values), as in mma.h.
+template <typename Use, typename T, typename L> struct fragment<Use, 16, 16, 16, T, L> {
+    int x[IsF16<T>::value ? 8 : 4];
+};
+template <> struct fragment<accumulator, 16, 16, 16, float, void> {
+    float x[8];
+};
+
+__device__ __forceinline__ void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, float v) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f.x[i] = v;
+}
+template <typename T, typename L>
+__device__ __forceinline__ void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, L>& f, const T* p, unsigned ldm) {
+    if constexpr (IsF16<T>::value) __hmma_m16n16k16_ld_a(f.x, (const int*)p, ldm, is_col<L>::value);
+    else __mma_bf16_m16n16k16_ld_a(f.x, (const int*)p, ldm, is_col<L>::value);
+}
+template <typename T, typename L>
+__device__ __forceinline__ void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, L>& f, const T* p, unsigned ldm) {
+    if constexpr (IsF16<T>::value) __hmma_m16n16k16_ld_b(f.x, (const int*)p, ldm, is_col<L>::value);
+    else __mma_bf16_m16n16k16_ld_b(f.x, (const int*)p, ldm, is_col<L>::value);
+}
+template <typename T, typename LA, typename LB>
+__device__ __forceinline__ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
+                                         const fragment<matrix_a, 16, 16, 16, T, LA>& a,
+                                         const fragment<matrix_b, 16, 16, 16, T, LB>& b,
+                                         const fragment<accumulator, 16, 16, 16, float>& c) {
+    constexpr int code = 2 * is_col<LA>::value + is_col<LB>::value;
+    if constexpr (IsF16<T>::value) __hmma_m16n16k16_mma_f32f32(d.x, a.x, b.x, c.x, code, 0);
+    else __mma_bf16_m16n16k16_mma_f32(d.x, a.x, b.x, c.x, code, 0);
+}
+__device__ __forceinline__ void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
+                                                  unsigned ldm, layout_t layout) {
+    if (layout == mem_row_major) __hmma_m16n16k16_st_c_f32(p, (float*)f.x, ldm, 0);
+    else __hmma_m16n16k16_st_c_f32(p, (float*)f.x, ldm, 1);
+}
+}  // namespace wmma_lite
+#endif
+
+template <bool COL> struct WLayout { typedef CUOPS_WMMA_NS::row_major type; };
+template <> struct WLayout<true> { typedef CUOPS_WMMA_NS::col_major type; };
+
+
+// Stage the ROWS x COLS storage tile at (r0, c0) of g (leading dimension ld; rlim x clim
+// valid) into s (row stride LD): 16-byte loads for a whole tile of an aligned operand,
+// guarded element loads (zero fill) otherwise.
+template <int ROWS, int COLS, int LD, int THREADS>
+__device__ __forceinline__ void wmma_stage(unsigned short* s, const unsigned short* g, i64 ld, int r0, int c0,
+                                           int rlim, int clim, bool vec, int tid) {
+    constexpr int VE = 8, CPR = COLS / VE;
+    if (vec && r0 + ROWS <= rlim && c0 + COLS <= clim) {
+        for (int v = tid; v < ROWS * CPR; v += THREADS) {
+            const int r = v / CPR, c = (v % CPR) * VE;
+            *reinterpret_cast<uint4*>(s + r * LD + c) = __ldg(reinterpret_cast<const uint4*>(g + (i64)(r0 + r) * ld + c0 + c));
+        }
+    } else {
+        for (int e = tid; e < ROWS * COLS; e += THREADS) {
+            const int r = e / COLS, c = e % COLS;
+            s[r * LD + c] = (r0 + r < rlim && c0 + c < clim) ? g[(i64)(r0 + r) * ld + c0 + c] : (unsigned short)0;
+        }
+    }
+}
+
+}  // namespace gmma
+
+// ---------------------------------------------------------------------------- kernels
+// gemm_wmma: 64x64 block tile, 4 warps in 2x2 of 32x32 (2x2 wmma fragments each), BK = 32.
+// Tiles sit in shared memory as they lie in global memory, rows padded by 8 elements (16
+// bytes: keeps wmma's 32-byte pointer alignment, shifts the banks row to row); wmma's
+// row_major / col_major loads cover the transposed layouts.
+template <typename T, bool TA, bool TB>
+__global__ void __launch_bounds__(128) gemm_wmma(GEMM_PARAMS(T)) {
+    namespace wmma = CUOPS_WMMA_NS;
+    constexpr int BM = 64, BN = 64, BK = 32, PAD = 8, THREADS = 128;
+    // A: !TA -> [BM][BK + PAD] (m rows), TA -> [BK][BM + PAD] (k rows); B likewise.
+    constexpr int A_ROWS = TA ? BK : BM, A_COLS = TA ? BM : BK, A_LD = A_COLS + PAD;
+    constexpr int B_ROWS = TB ? BN : BK, B_COLS = TB ? BK : BN, B_LD = B_COLS + PAD;
+    constexpr int C_LD = BN + 4;
+    __shared__ __align__(128) unsigned short As[A_ROWS * A_LD];
+    __shared__ __align__(128) unsigned short Bs[B_ROWS * B_LD];
+    __shared__ __align__(128) float Cs[BM * C_LD];
+    typedef typename gmma::WLayout<TA>::type LayA;
+    typedef typename gmma::WLayout<TB>::type LayB;
+
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    const bool a_vec = gemm_vec_ok(A, lda, sA), b_vec = gemm_vec_ok(B, ldb, sB);
+    const int tm = (M + BM - 1) / BM, tn = (N + BN - 1) / BN, tiles = tm * tn;
+    const T* As_t = reinterpret_cast<const T*>(As);
+    const T* Bs_t = reinterpret_cast<const T*>(Bs);
+
+    for (int z = blockIdx.z; z < batch; z += gridDim.z) {
+        const unsigned short* Az = reinterpret_cast<const unsigned short*>(A + z * sA);
+        const unsigned short* Bz = reinterpret_cast<const unsigned short*>(B + z * sB);
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            int pm, pn;
+            gmma::tile_coords<8>(tile, tm, tn, pm, pn);
+            const int m0 = pm * BM, n0 = pn * BN;
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+
+            for (int k0 = 0; k0 < K; k0 += BK) {
+                // storage coordinates: A is (m, k) when !TA, (k, m) when TA; B is (k, n)
+                // when !TB, (n, k) when TB.
+                gmma::wmma_stage<A_ROWS, A_COLS, A_LD, THREADS>(As, Az, lda, TA ? k0 : m0, TA ? m0 : k0, TA ? K : M,
+                                                                TA ? M : K, a_vec, tid);
+                gmma::wmma_stage<B_ROWS, B_COLS, B_LD, THREADS>(Bs, Bz, ldb, TB ? n0 : k0, TB ? k0 : n0, TB ? N : K,
+                                                                TB ? K : N, b_vec, tid);
+                __syncthreads();
+#pragma unroll
+                for (int kk = 0; kk < BK; kk += 16) {
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayA> fa[2];
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LayB> fb[2];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        const int m = wm + i * 16;
+                        // row_major: (m, k) at m * ld + k; col_major: (m, k) at k * ld + m
+                        wmma::load_matrix_sync(fa[i], TA ? As_t + kk * A_LD + m : As_t + m * A_LD + kk, A_LD);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const int n = wn + j * 16;
+                        // row_major: (k, n) at k * ld + n; col_major: (k, n) at n * ld + k
+                        wmma::load_matrix_sync(fb[j], TB ? Bs_t + n * B_LD + kk : Bs_t + kk * B_LD + n, B_LD);
+                    }
+#pragma unroll
+                    for (int i = 0; i < 2; ++i)
+#pragma unroll
+                        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+                }
+                __syncthreads();
+            }
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+                    wmma::store_matrix_sync(Cs + (wm + i * 16) * C_LD + wn + j * 16, acc[i][j], C_LD,
+                                            wmma::mem_row_major);
+            __syncthreads();
+            // Consecutive threads take consecutive n: coalesced C reads and D writes.
+            for (int e = tid; e < BM * BN; e += THREADS) {
+                const int r = e / BN, c = e % BN, m = m0 + r, n = n0 + c;
+                if (m < M && n < N)
+                    D[z * sD + (i64)m * ldd + n] =
+                        gemm_epilogue<T>(Cs[r * C_LD + c], C + z * sC + (i64)m * ldc + n, alpha, beta);
+            }
+            __syncthreads();  // Cs is rewritten by the next tile
+        }
+    }
+}
+
+// gemm_mma: float16 / bfloat16, fp32 accumulation. See the ladder at the top.
+template <typename T, bool TA, bool TB, int BM, int BN, int WM, int WN, int STAGES, int MINB>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB) gemm_mma(GEMM_PARAMS(T)) {
+    static_assert(sizeof(T) == 2, "gemm_mma is the 16-bit rung; int8 is gemm_mma_s8");
+    gmma::gemm_mma_body<T, TA, TB, BM, BN, WM, WN, STAGES>(A, B, C, D, M, N, K, lda, ldb, ldc, ldd, sA, sB, sC, sD,
+                                                           batch, alpha, beta);
+}
+
+// gemm_mma_s8: int8 in, int32 out, exact (wrapping) integer arithmetic.
+template <bool TA, bool TB, int BM, int BN, int WM, int WN, int STAGES, int MINB>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB) gemm_mma_s8(GEMM_PARAMS(signed char)) {
+    gmma::gemm_mma_body<signed char, TA, TB, BM, BN, WM, WN, STAGES>(A, B, C, D, M, N, K, lda, ldb, ldc, ldd, sA, sB,
+                                                                     sC, sD, batch, alpha, beta);
+}

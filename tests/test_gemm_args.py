@@ -1,0 +1,159 @@
+"""CPU tier for matmul / gemm: bad input raises TypeError/ValueError naming the argument
+before anything touches a GPU (NumPy operands: no CuPy or GPU needed), ``out`` untouched;
+the variant table; the batch lowering's choice of strides and launches."""
+import numpy as np
+import pytest
+
+import cupyops
+from cupyops.ops import gemm as G
+
+A = np.ones((4, 8), np.float32)
+B = np.ones((8, 5), np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.complex64, np.int32, np.float64, np.uint8])
+def test_rejects_dtypes(dtype):
+    with pytest.raises(TypeError, match=r"^a: dtype .* is not supported; expected one of float32, float16, bfloat16, int8"):
+        cupyops.matmul(np.ones((2, 3), dtype), np.ones((3, 2), dtype))
+
+
+def test_mixed_dtypes_name_b():
+    with pytest.raises(TypeError, match=r"^b: dtype float16 does not match a's float32"):
+        cupyops.matmul(A, B.astype(np.float16))
+
+
+def test_inner_dimension_mismatch():
+    with pytest.raises(ValueError, match=r"^b: inner dimensions do not match: op\(a\) is 4x8 and op\(b\) is 7x5"):
+        cupyops.matmul(A, np.ones((7, 5), np.float32))
+    with pytest.raises(ValueError, match=r"^b: inner dimensions"):
+        cupyops.gemm(A, B, trans_b=True)
+    # trans_a turns 8x4 storage into the 4x8 operand
+    with pytest.raises(ValueError, match=r"^b: inner dimensions do not match: op\(a\) is 8x4"):
+        cupyops.gemm(A, B, trans_a=True)
+
+
+def test_ndim_rules():
+    with pytest.raises(ValueError, match="^a: matmul needs at least 1 dimension"):
+        cupyops.matmul(np.float32(1), B)
+    with pytest.raises(ValueError, match="^b: matmul needs at least 1 dimension"):
+        cupyops.matmul(A, np.float32(1))
+    with pytest.raises(ValueError, match="^a: expected at least 2 dimension"):
+        cupyops.gemm(np.ones(8, np.float32), B)
+
+
+def test_batch_dimensions_must_broadcast():
+    with pytest.raises(ValueError, match=r"^b: batch dimensions \(3,\) do not broadcast"):
+        cupyops.matmul(np.ones((2, 4, 8), np.float32), np.ones((3, 8, 5), np.float32))
+
+
+def test_scalars():
+    with pytest.raises(TypeError, match="^alpha: expected a real number"):
+        cupyops.gemm(A, B, alpha="2")
+    with pytest.raises(ValueError, match="^beta: a nonzero beta needs c"):
+        cupyops.gemm(A, B, beta=1.0)
+    with pytest.raises(ValueError, match="^alpha: must be finite"):
+        cupyops.gemm(A, B, alpha=float("inf"))
+    a8, b8 = A.astype(np.int8), B.astype(np.int8)
+    with pytest.raises(TypeError, match="^alpha: int8 GEMM takes an integer"):
+        cupyops.gemm(a8, b8, alpha=0.5)
+    with pytest.raises(TypeError, match="^trans_a: expected a bool"):
+        cupyops.gemm(A, B, trans_a=1)
+
+
+def test_c_checks():
+    with pytest.raises(TypeError, match="^c: dtype float16 is not supported; expected one of float32"):
+        cupyops.gemm(A, B, np.ones((4, 5), np.float16), beta=1)
+    with pytest.raises(TypeError, match="^c: dtype float32 is not supported; expected one of int32"):
+        cupyops.gemm(A.astype(np.int8), B.astype(np.int8), np.ones((4, 5), np.float32), beta=1)
+    with pytest.raises(ValueError, match=r"^c: shape \(4, 6\) does not broadcast"):
+        cupyops.gemm(A, B, np.ones((4, 6), np.float32), beta=1)
+    with pytest.raises(ValueError, match=r"^c: shape \(2, 4, 5\) would broadcast the result"):
+        cupyops.gemm(A, B, np.ones((2, 4, 5), np.float32), beta=1)
+
+
+def test_out_checks_leave_out_untouched():
+    for out, exc, msg in [
+        (np.full((4, 6), 7, np.float32), ValueError, r"^out: expected shape \(4, 5\)"),
+        (np.full((4, 5), 7, np.float16), TypeError, "^out: expected dtype float32"),
+        (np.full((5, 4), 7, np.float32).T, ValueError, "^out: must be C-contiguous"),
+    ]:
+        before = out.copy()
+        with pytest.raises(exc, match=msg):
+            cupyops.matmul(A, B, out=out)
+        assert np.array_equal(out, before)
+    with pytest.raises(TypeError, match="^out: expected dtype int32"):
+        cupyops.matmul(A.astype(np.int8), B.astype(np.int8), out=np.zeros((4, 5), np.int8))
+
+
+def test_impl_checks():
+    with pytest.raises(ValueError, match="^impl: unknown variant 'fast' for matmul"):
+        cupyops.matmul(A, B, impl="fast")
+    with pytest.raises(TypeError, match="^impl: 'pipelined' supports float32, not float16"):
+        cupyops.matmul(A.astype(np.float16), B.astype(np.float16), impl="pipelined")
+    with pytest.raises(TypeError, match="^impl: 'wmma' supports float16, bfloat16, not int8"):
+        cupyops.matmul(A.astype(np.int8), B.astype(np.int8), impl="wmma")
+    with pytest.raises(ValueError, match="^impl: 'skinny' is for M <= 64"):
+        cupyops.matmul(np.ones((65, 8), np.float32), B, impl="skinny")
+
+
+def test_mixed_placement():
+    with pytest.raises(TypeError, match="^b: must live where a does"):
+        cupyops.matmul(A, type("FakeCupy", (), {"__module__": "cupy.fake", "dtype": np.float32,
+                                                "ndim": 2, "shape": (8, 5)})())
+
+
+def test_variant_table():
+    v = cupyops.variants("matmul")
+    assert list(v) == ["naive", "tiled", "regblock", "pipelined", "wmma", "mma", "skinny"]
+    assert cupyops.variants("gemm") == v
+    for impl, line in v.items():
+        assert line.startswith("[") and len(line) > 20, (impl, line)
+    assert G.dtypes_of("naive") == G.GEMM_TYPES
+    assert G.dtypes_of("mma") == ("float16", "bfloat16", "int8")
+    assert G.dtypes_of("skinny") == G.GEMM_TYPES
+
+
+@pytest.mark.parametrize("dtype,M,expected", [("float32", 1, "skinny"), ("float16", 64, "skinny"),
+                                              ("float32", 65, "pipelined"), ("bfloat16", 4096, "mma"),
+                                              ("int8", 8192, "mma")])
+def test_auto_choice(dtype, M, expected):
+    assert G.auto_impl(dtype, M, 4096, 4096) == expected
+
+
+class _FakeCupy:
+    """Just enough of cupy for the batch lowering (NumPy arrays stand in for device ones)."""
+
+    @staticmethod
+    def broadcast_to(x, shape):
+        return np.broadcast_to(x, shape)
+
+    @staticmethod
+    def ascontiguousarray(x):
+        return np.ascontiguousarray(x)
+
+
+def _lower(a, b, c=None, ta=False, tb=False):
+    M, K = (a.shape[-1], a.shape[-2]) if ta else a.shape[-2:]
+    N = b.shape[-2] if tb else b.shape[-1]
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    d = np.empty(tuple(batch) + (M, N), np.float32)
+    return list(G._problems("float32", ta, tb, M, N, K, a, b, c, d, batch, 1.0, 1.0 if c is not None else 0.0,
+                            _FakeCupy))
+
+
+def test_lowering_strides_and_layouts():
+    a = np.ones((6, 4, 8), np.float32)
+    b = np.ones((8, 5), np.float32)
+    (p,) = _lower(a, b)  # b broadcast over the stack: one launch, batch stride 0
+    assert (p.batch, p.sA, p.sB, p.sD, p.lda, p.ldb, p.ldd) == (6, 32, 0, 20, 8, 5, 5)
+    assert (p.ta, p.tb) == (False, False)
+    (p,) = _lower(np.asfortranarray(np.ones((4, 8), np.float32)), b)  # a.T-style view: TA flips
+    assert (p.ta, p.lda) == (True, 4)
+    (p,) = _lower(np.ones((8, 4), np.float32).T, np.ones((5, 8), np.float32), tb=True)
+    assert (p.ta, p.tb, p.lda, p.ldb) == (True, True, 4, 8)
+    ps = _lower(np.ones((4, 1, 3, 8), np.float32), np.ones((1, 2, 8, 5), np.float32))
+    # (4, 1) against (1, 2): the inner dimension is one stride for every operand, the outer
+    # one is not (b does not move along it) -> 4 launches of a batch of 2
+    assert len(ps) == 4 and all(p.batch == 2 and p.sA == 0 and p.sB == 40 and p.sD == 15 for p in ps)
+    (p,) = _lower(np.ones((4, 8), np.float32), b, c=np.ones(5, np.float32))  # c: a row, broadcast
+    assert (p.ldc, p.sC) == (0, 0)

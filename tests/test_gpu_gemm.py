@@ -1,0 +1,267 @@
+"""GPU tier for the GEMM ladder: every rung (and ``auto``) of matmul / gemm, for every
+dtype it claims, against the float64 (int8: exact integer) reference.
+
+Hypothesis draws M, N, K (1, 17, non-multiples of every tile), the four transpose
+combinations, alpha/beta with and without c, batch stacks with broadcasting, and how the
+operands are laid out (contiguous, a transposed view, an element-offset view whose data
+pointer is not 16-byte aligned). Every result is also computed into an ``out=`` poisoned
+with NaN (int32: a sentinel), which must be the array returned, fully written.
+"""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cupyops
+from cupyops import _dtypes, reference
+from cupyops.ops import gemm as G
+
+pytestmark = pytest.mark.gpu
+
+SENTINEL = -123456789
+HYPO = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+AWKWARD = [1, 2, 3, 8, 16, 17, 31, 64, 65, 100, 127, 128, 129, 200, 255, 257, 300]
+LAYOUTS = [(ta, tb) for ta in (False, True) for tb in (False, True)]
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def rungs():
+    return [pytest.param(impl, d, id=f"{impl}-{d}")
+            for impl in [*cupyops.variants("matmul"), "auto"]
+            for d in (G.GEMM_TYPES if impl == "auto" else G.dtypes_of(impl))]
+
+
+def max_m(impl):
+    return G._gemm_skinny.MAX_M if impl == "skinny" else None
+
+
+def rand(rng, shape, dtype):
+    if dtype == "int8":
+        return rng.integers(-128, 127, size=shape, endpoint=True).astype(np.int8)
+    return rng.standard_normal(shape).astype(_dtypes.to_dtype(dtype))
+
+
+def tol(dtype, K):
+    # float32: the K-term float32 dot products; the reference rounded to fp16/bf16 output
+    # is the floor of the half types (rel error of rounding ~ 2^-11 / 2^-8).
+    t = reference.TOLERANCE["gemm"][dtype]
+    if dtype == "float32":
+        t = max(t, 2e-7 * np.sqrt(max(K, 1)))
+    return t
+
+
+def layout(rng, values, how, cp):
+    """values (host, contiguous) as the device operand: contiguous, a transposed view of a
+    Fortran-ordered copy (unit stride on the second-last axis), or offset by one element
+    (misaligned pointer, and with it every 16-byte path's fallback)."""
+    if how == "contiguous" or values.ndim < 2:
+        return cp.asarray(values)
+    if how == "fortran":
+        return cp.asarray(np.ascontiguousarray(np.swapaxes(values, -1, -2))).swapaxes(-1, -2)
+    flat = cp.asarray(np.concatenate([np.zeros(1, values.dtype), values.ravel()]))
+    return flat[1:].reshape(values.shape)
+
+
+def poisoned(shape, dtype):
+    cp = _cp()
+    out = cp.empty(shape, dtype)
+    out.fill(SENTINEL if dtype == np.int32 else np.nan)
+    return out
+
+
+def check(got, ref, dtype, K, what):
+    got = got.get() if hasattr(got, "get") else np.asarray(got)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    assert got.dtype == _dtypes.to_dtype(G.OUT_TYPES[dtype]), f"{what}: dtype {got.dtype}"
+    if dtype == "int8":
+        bad = got != ref
+        assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.size} differ: {got[bad][:5]} vs {ref[bad][:5]}"
+    else:
+        err = reference.rel_error(got, ref)
+        assert err <= tol(dtype, K), f"{what}: rel error {err:.3g} > {tol(dtype, K):.3g}"
+
+
+def run_gemm(impl, dtype, M, N, K, ta, tb, alpha, beta, batch_a, batch_b, with_c, how, seed):
+    cp = _cp()
+    rng = np.random.default_rng(seed)
+    a_shape = tuple(batch_a) + ((K, M) if ta else (M, K))
+    b_shape = tuple(batch_b) + ((N, K) if tb else (K, N))
+    a, b = rand(rng, a_shape, dtype), rand(rng, b_shape, dtype)
+    batch = np.broadcast_shapes(tuple(batch_a), tuple(batch_b))
+    dout = G.OUT_TYPES[dtype]
+    c = None
+    if with_c:
+        c = (rng.integers(-1000, 1000, size=tuple(batch) + (M, N)).astype(np.int32) if dtype == "int8"
+             else rand(rng, tuple(batch) + (M, N), dout))
+    if dtype == "int8":
+        alpha, beta = int(alpha), int(beta)
+    if c is None:
+        beta = 0
+    ref = reference.gemm(a, b, c, alpha, beta, ta, tb)
+    da, db = layout(rng, a, how, cp), layout(rng, b, how, cp)
+    dc = None if c is None else cp.asarray(c)
+    what = f"{impl} {dtype} M={M} N={N} K={K} ta={ta} tb={tb} batch={batch_a}/{batch_b} {how}"
+    got = cupyops.gemm(da, db, dc, alpha=alpha, beta=beta, trans_a=ta, trans_b=tb, impl=impl)
+    check(got, ref, dtype, K, what)
+    out = poisoned(ref.shape, _dtypes.to_dtype(dout))
+    res = cupyops.gemm(da, db, dc, alpha=alpha, beta=beta, trans_a=ta, trans_b=tb, out=out, impl=impl)
+    assert res is out
+    check(out, ref, dtype, K, what + " out=")
+
+
+@st.composite
+def problems(draw, impl):
+    mm = max_m(impl)
+    M = draw(st.sampled_from([m for m in AWKWARD if mm is None or m <= mm]))
+    N = draw(st.sampled_from(AWKWARD))
+    K = draw(st.sampled_from(AWKWARD + [513, 1000]))
+    ta, tb = draw(st.sampled_from(LAYOUTS))
+    alpha = draw(st.sampled_from([1.0, -2.0, 0.5, 3.0]))
+    beta = draw(st.sampled_from([0.0, 1.0, -0.5, 2.0]))
+    batches = draw(st.sampled_from([((), ()), ((3,), ()), ((), (2,)), ((2,), (2,)),
+                                    ((2, 1), (1, 3)), ((4,), (1,))]))
+    with_c = draw(st.booleans())
+    how = draw(st.sampled_from(["contiguous", "fortran", "offset"]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return M, N, K, ta, tb, alpha, beta, batches[0], batches[1], with_c, how, seed
+
+
+@pytest.mark.parametrize("impl,dtype", rungs())
+@HYPO
+@given(data=st.data())
+def test_gemm_matches_reference(impl, dtype, data):
+    M, N, K, ta, tb, alpha, beta, ba, bb, with_c, how, seed = data.draw(problems(impl))
+    if dtype == "int8" and alpha not in (1.0, -2.0, 3.0):
+        alpha = 1.0
+    if dtype == "int8" and beta not in (0.0, 1.0, 2.0):
+        beta = 1.0
+    run_gemm(impl, dtype, M, N, K, ta, tb, alpha, beta, ba, bb, with_c, how, seed)
+
+
+# Shapes that reach each launcher's paths: full tiles, partial tiles, long K (pipelines of
+# many stages; the skinny kernel's split-K), the decode shapes.
+SHAPES = [(256, 256, 256), (1823, 781, 517), (129, 257, 1000), (512, 384, 2048), (64, 4096, 4096),
+          (1, 4096, 4096), (16, 1000, 3000), (7, 11008, 1024), (300, 40, 5000)]
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("impl,dtype", rungs())
+def test_gemm_shapes_every_layout(impl, dtype, M, N, K):
+    if impl == "skinny" and M > G._gemm_skinny.MAX_M:
+        pytest.skip("skinny is for small M")
+    if impl in ("naive", "tiled") and M * N * K > 2**31:
+        pytest.skip("the textbook rungs are too slow for this size")
+    for i, (ta, tb) in enumerate(LAYOUTS):
+        run_gemm(impl, dtype, M, N, K, ta, tb, 1.0 if i % 2 else 2.0, 0.0 if i < 2 else -1.0,
+                 (), (), i >= 2, "contiguous", 1000 * M + i)
+
+
+@pytest.mark.parametrize("impl,dtype", rungs())
+def test_in_place_c_is_out(impl, dtype):
+    cp = _cp()
+    rng = np.random.default_rng()
+    M = 33 if impl == "skinny" else 200
+    a, b = rand(rng, (M, 300), dtype), rand(rng, (300, 150), dtype)
+    dout = _dtypes.to_dtype(G.OUT_TYPES[dtype])
+    c = rng.integers(-50, 50, size=(M, 150)).astype(dout)
+    ref = reference.gemm(a, b, c, 2, 3)
+    dc = cp.asarray(c)
+    res = cupyops.gemm(cp.asarray(a), cp.asarray(b), dc, alpha=2, beta=3, out=dc, impl=impl)
+    assert res is dc
+    check(dc, ref, dtype, 300, f"{impl} {dtype} c is out")
+
+
+@pytest.mark.parametrize("impl,dtype", rungs())
+def test_beta_zero_never_reads_c(impl, dtype):
+    cp = _cp()
+    rng = np.random.default_rng()
+    M = 5 if impl == "skinny" else 70
+    a, b = rand(rng, (M, 40), dtype), rand(rng, (40, 90), dtype)
+    dout = _dtypes.to_dtype(G.OUT_TYPES[dtype])
+    c = cp.full((M, 90), SENTINEL if dtype == "int8" else np.nan, dout)
+    got = cupyops.gemm(cp.asarray(a), cp.asarray(b), c, beta=0, impl=impl)
+    check(got, reference.matmul(a, b).astype(np.int32) if dtype == "int8" else reference.matmul(a, b),
+          dtype, 40, f"{impl} {dtype} beta=0 with NaN c")
+
+
+@pytest.mark.parametrize("dtype", G.GEMM_TYPES)
+def test_matmul_numpy_semantics(dtype):
+    rng = np.random.default_rng()
+    cp = _cp()
+    cases = [((5,), (5,)), ((5,), (5, 7)), ((3, 5), (5,)), ((2, 3, 4, 5), (5, 6)),
+             ((4, 1, 9, 17), (3, 17, 2)), ((70, 33), (33, 65)), ((1, 1), (1, 1))]
+    for sa, sb in cases:
+        a, b = rand(rng, sa, dtype), rand(rng, sb, dtype)
+        ref = reference.matmul(a, b)
+        if dtype == "int8":
+            ref = ref.astype(np.int32)
+        got = cupyops.matmul(cp.asarray(a), cp.asarray(b))
+        assert got.shape == np.matmul(a.astype(np.float64), b.astype(np.float64)).shape
+        check(got, np.asarray(ref), dtype, sa[-1], f"matmul {sa} @ {sb}")
+        host = cupyops.matmul(a, b)  # NumPy in, NumPy out
+        assert isinstance(host, (np.ndarray, np.generic)), type(host)
+        check(np.asarray(host), np.asarray(ref), dtype, sa[-1], f"numpy matmul {sa} @ {sb}")
+
+
+@pytest.mark.parametrize("dtype", G.GEMM_TYPES)
+def test_k_zero_and_empty_results(dtype):
+    cp = _cp()
+    dout = _dtypes.to_dtype(G.OUT_TYPES[dtype])
+    a = cp.zeros((6, 0), _dtypes.to_dtype(dtype))
+    b = cp.zeros((0, 4), _dtypes.to_dtype(dtype))
+    z = cupyops.matmul(a, b)
+    assert z.dtype == dout and z.shape == (6, 4) and not bool(cp.any(z != 0))
+    c = cp.arange(24, dtype=dout).reshape(6, 4)
+    y = cupyops.gemm(a, b, c, alpha=1, beta=2)
+    assert np.array_equal(y.get(), 2 * c.get())
+    assert cupyops.matmul(cp.zeros((0, 5), a.dtype), cp.zeros((5, 3), a.dtype)).shape == (0, 3)
+
+
+def test_strided_and_reversed_operands_are_copied_not_misread():
+    cp = _cp()
+    rng = np.random.default_rng()
+    a, b = rand(rng, (60, 2 * 50), "float32"), rand(rng, (50, 40), "float32")
+    da = cp.asarray(a)[:, ::2]  # no unit stride in either axis
+    db = cp.asarray(b)[::-1]
+    got = cupyops.matmul(da, db)
+    check(got, reference.matmul(a[:, ::2], b[::-1]), "float32", 50, "strided/reversed")
+
+
+def test_skinny_split_k_is_bitwise_deterministic():
+    cp = _cp()
+    rng = np.random.default_rng()
+    for dtype in ("float32", "bfloat16"):
+        a = cp.asarray(rand(rng, (4, 8192), dtype))
+        b = cp.asarray(rand(rng, (8192, 2048), dtype))
+        first = cupyops.matmul(a, b, impl="skinny")
+        cp.empty(7 * 1024 * 1024, np.uint8).fill(255)
+        again = cupyops.matmul(a, b, impl="skinny")
+        raw = np.uint32 if dtype == "float32" else np.uint16
+        assert np.array_equal(first.get().view(raw), again.get().view(raw))
+
+
+def test_int8_is_exact_at_large_k():
+    cp = _cp()
+    rng = np.random.default_rng()
+    a, b = rand(rng, (300, 8192), "int8"), rand(rng, (8192, 200), "int8")
+    for impl in ("auto", "mma", "naive"):
+        got = cupyops.matmul(cp.asarray(a), cp.asarray(b), impl=impl)
+        check(got, reference.matmul(a, b).astype(np.int32), "int8", 8192, f"int8 {impl}")
+
+
+def test_gemm_on_a_side_stream():
+    cp = _cp()
+    rng = np.random.default_rng()
+    a, b = rand(rng, (3, 2048), "float16"), rand(rng, (2048, 1024), "float16")
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        got = cupyops.matmul(cp.asarray(a), cp.asarray(b))
+        big = cupyops.matmul(cp.asarray(rand(rng, (256, 512), "float16")), cp.asarray(b[:512]))
+    s.synchronize()
+    check(got, reference.matmul(a, b), "float16", 2048, "side stream skinny")
+    assert big.shape == (256, 1024)
