@@ -381,7 +381,9 @@ def axis_choices(ndim):
 # ============================================================================ tests
 def test_warmup_compiles_every_kernel_file():
     # first in the file: the NVRTC compiles (or disk-cache loads) happen here
-    assert sorted(cupyops.warmup()) == ["norm.cu", "reduce.cu", "softmax.cu"]
+    assert sorted(cupyops.warmup()) == ["gemm_mma.cu", "gemm_simt.cu", "gemm_skinny.cu", "norm.cu",
+                                        "reduce.cu", "softmax.cu"]
+    assert cupyops.warmup("matmul") == ["gemm_simt.cu", "gemm_mma.cu", "gemm_skinny.cu"]
     assert cupyops.warmup("softmax") == ["softmax.cu"]
     assert cupyops.warmup(["trace", "sum", "max"]) == ["reduce.cu"]
     assert cupyops.warmup(["layer_norm", "rms_norm"]) == ["norm.cu"]
