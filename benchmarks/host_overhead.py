@@ -1,5 +1,8 @@
 """Where the host time of a small call goes: CuPy allocation, a bare RawKernel launch,
-and cupyops.softmax on a (1, 1024) float32 array (microseconds per call, steady state)."""
+cupyops.softmax on a (1, 1024) float32 array, and a decode-shaped matmul (1 x 4096 @
+4096 x 4096, float16) against cupy.matmul (microseconds per call, steady state; the matmul
+calls also run ~15 us of GPU work each, so their host time is what a caller pays when the
+GPU is idle)."""
 import time
 
 import cupy as cp
@@ -36,3 +39,10 @@ rows = {
 }
 for name, fn in rows.items():
     print(f"{name:32s} {per_call(fn):6.2f} us")
+
+a = cp.random.standard_normal((1, 4096), dtype=cp.float32).astype(cp.float16)
+w = cp.random.standard_normal((4096, 4096), dtype=cp.float32).astype(cp.float16)
+cupyops.matmul(a, w)
+for name, fn in {"cupyops.matmul 1x4096 @ 4096x4096": lambda: cupyops.matmul(a, w),
+                 "cupy.matmul 1x4096 @ 4096x4096": lambda: cp.matmul(a, w)}.items():
+    print(f"{name:32s} {per_call(fn, n=500):6.2f} us")
