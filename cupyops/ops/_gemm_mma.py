@@ -177,12 +177,21 @@ def plan(impl, p, config=None, sm_count=132):
             (mma_threads(cfg, p.dtype),), mma_smem(cfg, p.dtype))
 
 
+_PLANS = {}  # memoized plans (impl, GemmProblem.shape_key, config, SMs)
+
+
 def launch(impl, p, config=None):
     """Run rung ``impl`` of gemm_mma on problem ``p`` on CuPy's current stream."""
     if p.M == 0 or p.N == 0 or p.batch == 0:
         return  # nothing to write
     props = _launch.device_props()
-    name, grid, block, smem = plan(impl, p, config, props.sm_count)
+    key = (impl, p.shape_key(), config, props.sm_count)
+    pl = _PLANS.get(key)
+    if pl is None:
+        if len(_PLANS) > 4096:  # many distinct shapes: start over rather than grow
+            _PLANS.clear()
+        pl = _PLANS[key] = plan(impl, p, config, props.sm_count)
+    name, grid, block, smem = pl
     fn = KERNELS.function(name)
     if smem:
         _launch.request_smem(fn, smem, props, f"gemm_{impl}")

@@ -53,6 +53,11 @@ class GemmProblem:
             scalar(self.alpha), scalar(self.beta if self.C is not None else 0),
         )
 
+    def shape_key(self):
+        """What a launch plan depends on (not the pointers): plans are memoized on it, since
+        a decode-sized call has only ~15 us of GPU work to hide the host's time behind."""
+        return (self.dtype, self.ta, self.tb, self.M, self.N, self.K, self.batch)
+
     def grid_z(self):
         return min(self.batch, MAX_GRID_Z)
 
