@@ -68,7 +68,7 @@ def matmul(a, b, *, out=None, impl="auto"):
     if b.ndim == 1:
         b = b[:, None]
         squeeze.append(-1)
-    return _gemm(a, b, None, 1, 0, False, False, out, impl, squeeze, "matmul")
+    return _gemm(a, b, None, 1.0, 0.0, False, False, out, impl, squeeze, "matmul")
 
 
 def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, out=None,
@@ -89,6 +89,8 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, out
 
 # ------------------------------------------------------------------------- checking
 def _scalar(v, name, integer):
+    if type(v) is float and not integer and math.isfinite(v):  # the common case, cheaply
+        return v
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {type(v).__name__}")
     if integer:
@@ -174,7 +176,7 @@ def _gemm(a, b, c, alpha, beta, ta, tb, out, impl, squeeze, op):
         a, b = _arrays.to_device(a, call), _arrays.to_device(b, call)
         if c is not None:
             c = _arrays.to_device(c, call)
-    d = y.reshape(full)
+    d = y if not squeeze else y.reshape(full)
     if c is not None and beta == 0:
         c = None  # BLAS: C is not read
     if K == 0:
