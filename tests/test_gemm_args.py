@@ -157,3 +157,31 @@ def test_lowering_strides_and_layouts():
     assert len(ps) == 4 and all(p.batch == 2 and p.sA == 0 and p.sB == 40 and p.sD == 15 for p in ps)
     (p,) = _lower(np.ones((4, 8), np.float32), b, c=np.ones(5, np.float32))  # c: a row, broadcast
     assert (p.ldc, p.sC) == (0, 0)
+
+
+def _problem(dt, M, N, K, tb=False, batch=1):
+    from cupyops.ops._gemm_problem import GemmProblem
+
+    return GemmProblem(dt, False, tb, M, N, K, None, None, None, None, K, K if tb else N, N, N,
+                       0, 0, 0, 0, batch, 1.0, 0.0)
+
+
+@pytest.mark.parametrize("M,N,K,expected", [(1, 4096, 4096, "n1k8"), (16, 4096, 4096, "n1k8"),
+                                            (1, 11008, 4096, "n2k4")])
+def test_skinny_picks_the_best_filled_wave(M, N, K, expected):
+    # measured on an H200 (benchmarks/NOTES.md item 21)
+    assert G._gemm_skinny.pick_config(_problem("float16", M, N, K), 132) == expected
+
+
+@pytest.mark.parametrize("dt", G.GEMM_TYPES)
+@pytest.mark.parametrize("M,N,K,tb,batch", [(1, 4096, 4096, False, 1), (16, 11008, 4096, True, 1),
+                                            (64, 17, 1823, False, 3), (5, 1, 1, True, 70000),
+                                            (33, 300, 0, False, 1)])
+def test_skinny_plans_cover_the_problem(dt, M, N, K, tb, batch):
+    sk = G._gemm_skinny
+    p = _problem(dt, M, N, K, tb, batch)
+    for cfg in (None, *sk.CONFIGS["skinny"]):
+        pl = sk.plan(p, cfg, 132)
+        assert pl.rg * pl.mt >= M and pl.nt * pl.bn >= N and pl.splits * pl.ks >= K
+        assert pl.grid[2] == min(batch, 65535) and 32 * pl.wk * pl.wn <= 256
+        assert (pl.work > 0) == (pl.splits > 1)

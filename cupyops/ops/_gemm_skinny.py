@@ -48,15 +48,22 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 # Rows per block instantiated per dtype (mma types: tiles of 8 rows).
 MT_SIZES = {"float32": (1, 2, 4, 8, 16), "float16": (8, 16), "bfloat16": (8, 16), "int8": (8, 16)}
 
-# config name -> (WN, WK, target blocks per SM)
+# config name -> (WN, WK, target blocks per SM, cap on the rows a block handles or None).
+# n1k8w4 / n2k4w4 aim at two waves of blocks (more, shorter splits); n1k8m8 handles
+# M = 9..16 as two row groups of 8 (the MT = 8 kernel) instead of one of 16. On an H200
+# neither helped (results/h200-gemm-sweep.txt): kept for the sweep, never picked.
 _CONFIGS = {
-    "n2k4": (2, 4, 2),
-    "n1k8": (1, 8, 2),
-    "n4k2": (4, 2, 2),
-    "n2k4x1": (2, 4, 1),
+    "n2k4": (2, 4, 2, None),
+    "n1k8": (1, 8, 2, None),
+    "n4k2": (4, 2, 2, None),
+    "n2k4x1": (2, 4, 1, None),
+    "n1k8w4": (1, 8, 4, None),
+    "n2k4w4": (2, 4, 4, None),
+    "n1k8m8": (1, 8, 2, 8),
 }
 CONFIGS = {"skinny": tuple(_CONFIGS)}
-DEFAULT_CONFIG = "n2k4"
+# config=None picks among these by how well the grid fills its last wave (pick_config)
+AUTO_CONFIGS = ("n1k8", "n2k4", "n4k2")
 
 KQ = 128  # kernels/gemm_skinny.cu skinny::KQ: split and warp k ranges are multiples of it
 A_SMEM = 32 * 1024  # skinny::A_SMEM: shared memory for one chunk of staged A (all warps)
@@ -135,6 +142,38 @@ class SkinnyPlan:
     tickets: int  # ticket counters used (0 when splits == 1)
 
 
+def _splits(K, tiles, wk, per_sm, sm_count):
+    """Splits of K: as many as keep the grid within `per_sm` resident blocks on every SM,
+    i.e. one wave of blocks that all stream at once (rounded down: 1.3 waves would leave a
+    tail of blocks streaming alone; more splits only add partial tiles), each warp keeping
+    at least one KQ-deep range. Tiles enough for the GPU: one split, no workspace."""
+    S = 1
+    if K > 0 and tiles < per_sm * sm_count:
+        S = min(per_sm * sm_count // tiles, max(1, K // (wk * KQ)), _MAX_GRID_Y)
+        # drop empty trailing splits; the kernel recomputes the same KS from this S
+        S = _launch.cdiv(K, split_k(K, S))
+    return S
+
+
+def pick_config(p, sm_count):
+    """The AUTO_CONFIGS entry whose grid fills its last wave of resident blocks best (ties:
+    the narrower tile, listed first). Measured on an H200 (benchmarks/NOTES.md item 21):
+    at N = 4096 every tile width fills a wave and the narrow n1k8 streams fastest; at
+    N = 11008 n1k8 gets 172 tiles and no split (65 % of a wave) while n2k4 gets 86 tiles x 3
+    splits (98 %)."""
+    best, best_fill = None, -1.0
+    for cfg in AUTO_CONFIGS:
+        wn, wk, per_sm, _ = _CONFIGS[cfg]
+        mt = pick_mt(p.dtype, p.M)
+        tiles = p.batch * _launch.cdiv(p.M, mt) * _launch.cdiv(p.N, wn * warp_columns(p.dtype, p.tb))
+        blocks = tiles * _splits(p.K, tiles, wk, per_sm, sm_count)
+        slots = per_sm * sm_count
+        fill = blocks / (_launch.cdiv(blocks, slots) * slots)
+        if fill > best_fill + 1e-9:
+            best, best_fill = cfg, fill
+    return best
+
+
 def plan(p, config=None, sm_count=132):
     """The launch of ``gemm_skinny`` for problem ``p``: a plain function of numbers, so the
     CPU tier can check it."""
@@ -143,29 +182,22 @@ def plan(p, config=None, sm_count=132):
     if p.M > MAX_M:
         raise ValueError(f"impl: 'skinny' is for M <= {MAX_M} rows, got M={p.M}")
     if config is None:
-        config = DEFAULT_CONFIG
+        config = pick_config(p, sm_count)
     if config not in _CONFIGS:
         raise ValueError(
             f"config: {config!r} is not a skinny configuration; expected one of: {', '.join(_CONFIGS)}"
         )
-    wn, wk, per_sm = _CONFIGS[config]
+    wn, wk, per_sm, max_mt = _CONFIGS[config]
     ta, tb = p.layout()
     itemsize = _ITEMSIZE[p.dtype]
     mt = pick_mt(p.dtype, p.M)
+    if max_mt is not None:
+        mt = min(mt, max_mt)
     rg = _launch.cdiv(p.M, mt)
     bn = wn * warp_columns(p.dtype, p.tb)
     nt = _launch.cdiv(p.N, bn)
     tiles = p.batch * rg * nt  # output tiles of the whole stack
-
-    # Splits: as many as keep the grid within `per_sm` resident blocks on every SM, i.e.
-    # one wave of blocks that all stream at once (rounded down: 1.3 waves would leave a
-    # tail of blocks streaming alone; more splits only add partial tiles), each warp keeping
-    # at least one KQ-deep range. Tiles enough for the GPU: one split, no workspace.
-    S = 1
-    if p.K > 0 and tiles < per_sm * sm_count:
-        S = min(per_sm * sm_count // tiles, max(1, p.K // (wk * KQ)), _MAX_GRID_Y)
-        # drop empty trailing splits; the kernel recomputes the same KS from this S
-        S = _launch.cdiv(p.K, split_k(p.K, S))
+    S = _splits(p.K, tiles, wk, per_sm, sm_count)
     ks = split_k(p.K, S)
     kc = a_chunk(warp_k(ks, wk), mt, wk, itemsize)
     a_bytes = mt * a_pitch(wk * kc, itemsize, p.tb)
