@@ -237,6 +237,8 @@ def tickets(n):
     cp = cupy_module()
     key = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr)
     buf = _TICKETS.get(key)
+    if buf is None and len(_TICKETS) >= 64:  # programs that make a stream per request
+        _TICKETS.clear()  # (pooled memory; a launch in flight keeps its own reference)
     if buf is None or buf.size < n:
         size = 1 << max(10, (int(n) - 1).bit_length())
         buf = cp.zeros(size, dtype=np.uint32)  # on the current stream: ordered before use

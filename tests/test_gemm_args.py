@@ -53,9 +53,16 @@ def test_scalars():
         cupyops.gemm(A, B, beta=1.0)
     with pytest.raises(ValueError, match="^alpha: must be finite"):
         cupyops.gemm(A, B, alpha=float("inf"))
+    with pytest.raises(ValueError, match="^alpha: .* out of float32 range"):
+        cupyops.gemm(A, B, alpha=1e39)
     a8, b8 = A.astype(np.int8), B.astype(np.int8)
-    with pytest.raises(TypeError, match="^alpha: int8 GEMM takes an integer"):
+    with pytest.raises(ValueError, match="^alpha: int8 GEMM takes an integer"):
         cupyops.gemm(a8, b8, alpha=0.5)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="^alpha: must be finite"):
+            cupyops.gemm(a8, b8, alpha=bad)
+    with pytest.raises(ValueError, match="^beta: int8 GEMM takes an integer in the int32 range"):
+        cupyops.gemm(a8, b8, np.zeros((4, 5), np.int32), beta=2**31)
     with pytest.raises(TypeError, match="^trans_a: expected a bool"):
         cupyops.gemm(A, B, trans_a=1)
 

@@ -248,7 +248,10 @@ def baseline_call(data, name, torch=None):
             return lambda: F.rms_norm(x, (n,), w, eps)
         if c.op == "matmul":
             if c.dtype == "int8":  # int8 x int8 -> int32 (cuBLASLt); needs M > 16
-                return lambda: torch._int_mm(x, w)
+                # the same K x N matrix stored column-major (copied once, outside the
+                # timing): cuBLASLt's int8 kernels want it so; a row-major B ran ~7x slower
+                wt = w.t().contiguous().t()
+                return lambda: torch._int_mm(x, wt)
             return lambda: torch.matmul(x, w)
     raise ValueError(f"unknown baseline {name!r}")
 

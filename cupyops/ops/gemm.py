@@ -10,7 +10,9 @@ kernel family's launcher.
 No operand is ever copied to transpose it: a row-major matrix, a transposed view
 (Fortran order, ``x.T``) and ``trans_a``/``trans_b`` all map onto the kernels' TA/TB
 layouts with a leading dimension. Only an operand with no unit stride in its last two
-axes (``x[:, ::2]``) or a negative stride is made contiguous first. Batch dimensions that
+axes (``x[:, ::2]``), a negative stride or a stride that is not a whole number of elements
+is made contiguous first; so is a ``c`` that broadcasts along N (a column or a scalar),
+which becomes a full M x N (x batch) array. Batch dimensions that
 the kernels cannot address with one stride (e.g. a (4, 1) stack against a (1, 3) stack)
 become a loop of launches over the outer ones.
 """
@@ -25,6 +27,7 @@ from . import _gemm_mma, _gemm_simt, _gemm_skinny
 from ._gemm_problem import GemmProblem
 
 GEMM_TYPES = ("float32", "float16", "bfloat16", "int8")
+_F32_MAX = float(np.finfo(np.float32).max)
 OUT_TYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "int8": "int32"}
 
 _LAUNCHERS = {}
@@ -89,17 +92,19 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, out
 
 # ------------------------------------------------------------------------- checking
 def _scalar(v, name, integer):
-    if type(v) is float and not integer and math.isfinite(v):  # the common case, cheaply
+    if type(v) is float and not integer and abs(v) <= _F32_MAX:  # the common case, cheaply
         return v
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {type(v).__name__}")
+    if not math.isfinite(float(v)):
+        raise ValueError(f"{name}: must be finite, got {v}")
     if integer:
         if float(v) != int(v) or not -2**31 <= int(v) < 2**31:
-            raise TypeError(f"{name}: int8 GEMM takes an integer in the int32 range, got {v!r}")
+            raise ValueError(f"{name}: int8 GEMM takes an integer in the int32 range, got {v!r}")
         return int(v)
     v = float(v)
-    if not math.isfinite(v):
-        raise ValueError(f"{name}: must be finite, got {v}")
+    if abs(v) > _F32_MAX:  # the kernels take alpha and beta as float32
+        raise ValueError(f"{name}: {v} is out of float32 range")
     return v
 
 
@@ -161,6 +166,8 @@ def _gemm(a, b, c, alpha, beta, ta, tb, out, impl, squeeze, op):
     # (the kernels read each element of C before writing the same element of D) but not
     # partially overlap it.
     out = _arrays.check_out(out, a, out_shape, out_dtype)
+    if c is not None and beta == 0:
+        c = None  # BLAS: C is not read (nor copied to the device, nor checked for overlap)
     if out is not None and _arrays.is_cupy(out) and out.size:
         if _arrays._shares_memory_with(out, b):
             raise ValueError("out: must not overlap the input b")
@@ -177,8 +184,6 @@ def _gemm(a, b, c, alpha, beta, ta, tb, out, impl, squeeze, op):
         if c is not None:
             c = _arrays.to_device(c, call)
     d = y if not squeeze else y.reshape(full)
-    if c is not None and beta == 0:
-        c = None  # BLAS: C is not read
     if K == 0:
         impl = "naive"  # D = beta * C (or 0): every kernel agrees; the simplest launches
     for p in _problems(dt, ta, tb, M, N, K, a, b, c, d, batch, alpha, beta, cp):
@@ -204,8 +209,8 @@ def _matrix(x, trans, cp):
         return x, trans, (sr if r > 1 else _pad(c, item))
     if sr == 1 or r == 1:
         return x, not trans, (sc if c > 1 else _pad(r, item))
-    x = cp.ascontiguousarray(x)
-    return x, trans, _pad(c, item) if r == 1 else x.strides[-2] // item
+    x = cp.ascontiguousarray(x)  # neither axis has unit stride (r, c > 1 here)
+    return x, trans, x.strides[-2] // item
 
 
 def _pad(n, item):
