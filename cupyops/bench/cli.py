@@ -39,22 +39,29 @@ def build_parser():
                      help="impls, comma list: variant names, 'auto', 'cupy', 'torch' "
                           "(default every variant plus the baselines)")
     sel.add_argument("--dtype", action="append", metavar="DTYPES",
-                     help="float32,float16,bfloat16 (trace/sum/max also float64,int32,int64); "
+                     help="float32,float16,bfloat16 (trace/sum/max also float64,int32,int64; "
+                          "matmul also int8); "
                           "default from the suite")
     sel.add_argument("--shape", action="append", metavar="SHAPES",
-                     help="e.g. 16384x8192, repeatable or comma list; default from the suite")
+                     help="e.g. 16384x8192 (matmul: MxNxK, e.g. 16x4096x4096), repeatable or "
+                          "comma list; default from the suite")
     sel.add_argument("--axis", action="append", metavar="AXES",
                      help="sum/max reduction axes: -1 and/or none (default sum: -1,none; max: -1)")
     sel.add_argument("--suite", choices=list(cases.SUITES),
-                     help="quick (default): 4096x4096 float32+bfloat16, under a minute; "
+                     help="quick (default): 4096x4096 float32+bfloat16 and the LLM matmul "
+                          "shapes in float16+bfloat16 (~20 s once compiled; the first run compiles ~90 s); "
                           "full: the acceptance shapes 16384x8192, 65536x1024, 1024x131072 "
-                          "in float32, float16, bfloat16 (trace: 5977x7890 float32)")
+                          "in float32, float16, bfloat16 (trace: 5977x7890 float32; matmul: "
+                          "the LLM shapes and 4096^3, 8192^3 in every dtype)")
     sel.add_argument("--no-baselines", action="store_true", help="time cupyops only")
     sel.add_argument("--skip-slow", action=argparse.BooleanOptionalAction, default=None,
                      help="skip textbook rungs on shapes above --slow-limit elements "
-                          "(default: on for the full suite, off otherwise)")
+                          "(default: on for the full suite, off otherwise; matmul's naive "
+                          "and tiled rungs are skipped above 2^31 multiply-adds in every "
+                          "suite unless --no-skip-slow)")
     sel.add_argument("--slow-limit", type=int, default=cases.SLOW_LIMIT, metavar="N",
-                     help="element count above which --skip-slow applies (default 2^24)")
+                     help="element count above which --skip-slow applies (default 2^24; "
+                          "not used for matmul)")
     sel.add_argument("--list", action="store_true", help="print the plan and exit")
 
     tim = p.add_argument_group("how to measure")

@@ -181,7 +181,8 @@ def header_lines(meta):
         )
         lines.append(
             "validation: float64 cupyops.reference before timing; out= poisoned with NaN; "
-            f"row-wise cases above {s.get('check_limit')} elements compare a row subset"
+            f"row-wise cases above {s.get('check_limit')} elements compare a row subset "
+            f"(matmul: 64 rows above {16 * (s.get('check_limit') or 0)} multiply-adds)"
         )
     lines.append("bytes: each input read once, each output written once (trace: the diagonal "
                  "elements only); matmul shapes are MxNxK, TFLOP/s = 2MNK / time; "
