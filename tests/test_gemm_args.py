@@ -192,3 +192,38 @@ def test_skinny_plans_cover_the_problem(dt, M, N, K, tb, batch):
         assert pl.rg * pl.mt >= M and pl.nt * pl.bn >= N and pl.splits * pl.ks >= K
         assert pl.grid[2] == min(batch, 65535) and 32 * pl.wk * pl.wn <= 256
         assert (pl.work > 0) == (pl.splits > 1)
+        assert pl.name in sk.KERNELS.name_expressions and pl.smem <= SMEM_OPTIN
+
+
+SHAPES = [(1, 1, 1), (17, 1823, 129), (4096, 4096, 4096), (8192, 8192, 8192), (300, 40, 5000),
+          (2**20, 2**16, 8)]
+SMEM_OPTIN = 232448  # H100/H200 MaxSharedMemoryPerBlockOptin
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_every_plan_names_an_instantiated_kernel_within_limits(M, N, K):
+    # what the launchers would launch, for every rung, dtype, layout and config: the kernel
+    # must be one the module compiles, the grid legal, the shared memory within the opt-in
+    mods = {"simt": (G._gemm_simt, G._gemm_simt.geometry), "mma": (G._gemm_mma, G._gemm_mma.plan)}
+    for mod, plan in mods.values():
+        for impl in mod.VARIANTS:
+            for dt in mod.DTYPES[impl]:
+                for ta in (False, True):
+                    for tb in (False, True):
+                        p = _problem(dt, M, N, K, tb, batch=70000 if M == 1 else 1)
+                        p.ta = ta
+                        for cfg in (None, *mod.CONFIGS.get(impl, ())):
+                            if dt == "int8" and cfg is not None and cfg not in G._gemm_mma._MMA_S8:
+                                continue
+                            name, grid, block, smem = plan(impl, p, cfg, 132)
+                            assert name in mod.KERNELS.name_expressions, name
+                            assert grid[0] < 2**31 and grid[1] <= 65535 and grid[2] <= 65535
+                            assert 0 < grid[0] * grid[1] and 1 <= _prod(block) <= 1024
+                            assert smem <= SMEM_OPTIN, (name, smem)
+
+
+def _prod(t):
+    out = 1
+    for v in t:
+        out *= v
+    return out
