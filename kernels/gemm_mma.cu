@@ -57,22 +57,11 @@ using namespace cuops;
 namespace gmma {
 
 // ------------------------------------------------------------------ PTX wrappers
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global -> shared copies that bypass registers (and L1: .cg; the tile is reused
-// from shared memory). The zfill form copies `bytes` (0..16) and zero-fills the rest, so
-// an edge chunk costs no branch and a chunk past the edge reads nothing.
+// (smem_u32, cp16_zfill, cp_commit, cp_wait: gemm_common.cuh)
+// 16-byte global -> shared copy that bypasses registers (and L1: .cg; the tile is reused
+// from shared memory).
 __device__ __forceinline__ void cp16(unsigned dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp16_zfill(unsigned dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void sts128(unsigned dst, unsigned a, unsigned b, unsigned c, unsigned d) {
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");

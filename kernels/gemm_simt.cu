@@ -51,23 +51,10 @@ __device__ __forceinline__ int mac(int acc, int a, int b) {
 template <typename T> struct is_float { static constexpr bool value = false; };
 template <> struct is_float<float> { static constexpr bool value = true; };
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// cp.async with zero fill: the first `bytes` bytes come from src, the rest of the copy is
-// zero (src-size < cp-size), so an out-of-range element costs no branch and reads nothing
-// when bytes == 0. 16-byte copies go .cg (L2 only: the tile is reused from shared memory,
-// not L1); 4-byte copies must be .ca.
-__device__ __forceinline__ void cp16_zfill(unsigned dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
+// (smem_u32, cp16_zfill, cp_commit, cp_wait: gemm_common.cuh)
+// 4-byte cp.async with zero fill (as cp16_zfill); 4-byte copies must be .ca.
 __device__ __forceinline__ void cp4_zfill(unsigned dst, const void* src, int bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // Hide a value from the optimizer, so that what a loop computes from it stays in the loop
@@ -466,7 +453,7 @@ __global__ void __launch_bounds__(simt::SimtTile<BM, BN, TM, TN>::THREADS, simt:
     constexpr int STAGE = BK * (LDS_A + LDS_B);  // floats per stage
     extern __shared__ float4 smem_v4[];
     float* smem = reinterpret_cast<float*>(smem_v4);
-    const unsigned smem_s = simt::smem_u32(smem);
+    const unsigned smem_s = smem_u32(smem);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm0 = (warp / P::WARPS_N) * P::WM + simt::lane_m(lane) * 4;  // the lane's first row
@@ -498,14 +485,14 @@ __global__ void __launch_bounds__(simt::SimtTile<BM, BN, TM, TN>::THREADS, simt:
 #pragma unroll
             for (int s = 0; s < STAGES - 1; ++s) {
                 if (s < ktiles) issue(s, s);
-                simt::cp_commit();
+                cp_commit();
             }
             float acc[TM][TN];
 #pragma unroll
             for (int i = 0; i < TM; ++i)
 #pragma unroll
                 for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
-            simt::cp_wait<STAGES - 2>();
+            cp_wait<STAGES - 2>();
             __syncthreads();
 
             float fa[2][TM], fb[2][TN];
@@ -518,7 +505,7 @@ __global__ void __launch_bounds__(simt::SimtTile<BM, BN, TM, TN>::THREADS, simt:
 #pragma unroll
                 for (int kk = 0; kk < BK; ++kk) {
                     if (kk == BK - 1) {  // next slice: landed (this thread), published (barrier)
-                        simt::cp_wait<STAGES - 2>();
+                        cp_wait<STAGES - 2>();
                         __syncthreads();
                         rs = rs + 1 == STAGES ? 0 : rs + 1;
                         as = smem + rs * STAGE + wm0;
@@ -528,7 +515,7 @@ __global__ void __launch_bounds__(simt::SimtTile<BM, BN, TM, TN>::THREADS, simt:
                     simt::load_frag(fa[(kk + 1) & 1], fb[(kk + 1) & 1], as + nk * LDS_A, bs + nk * LDS_B);
                     if (kk == 0) {  // stage ws held slice kt-1, retired by the last barrier
                         if (kt + STAGES - 1 < ktiles) issue(ws, kt + STAGES - 1);
-                        simt::cp_commit();
+                        cp_commit();
                         ws = ws + 1 == STAGES ? 0 : ws + 1;
                     }
                     simt::outer(acc, fa[kk & 1], fb[kk & 1]);
