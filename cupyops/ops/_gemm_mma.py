@@ -35,7 +35,7 @@ wgmma rung slots in there.
 """
 from .. import _launch
 from .._kernels import KernelFile, template_name
-from ._gemm_problem import LAYOUTS, MAX_GRID_Z
+from ._gemm_problem import LAYOUTS, check_rung
 
 VARIANTS = {
     "wmma": "nvcuda::wmma 16x16x16 tensor-core fragments, 64x64 block tile staged in padded shared "
@@ -157,15 +157,9 @@ def plan(impl, p, config=None, sm_count=132):
     """(kernel name, grid, block, dynamic shared memory bytes) for rung ``impl`` on ``p``:
     the one place that chooses the kernel; a plain function of numbers so the CPU tier can
     check it."""
-    if impl not in VARIANTS:
-        raise ValueError(f"impl: unknown gemm_mma rung {impl!r}; expected one of {', '.join(VARIANTS)}")
-    if p.dtype not in DTYPES[impl]:
-        raise TypeError(f"gemm impl={impl!r} supports {', '.join(DTYPES[impl])}, got {p.dtype}")
-    if config is not None and config not in CONFIGS[impl]:
-        accepted = ", ".join(CONFIGS[impl]) or "none"
-        raise ValueError(f"config: {config!r} is not a {impl} configuration; expected one of: {accepted}")
+    check_rung("gemm_mma", impl, p.dtype, config, VARIANTS, DTYPES, CONFIGS)
     ta, tb = p.layout()
-    gz = min(p.grid_z(), MAX_GRID_Z)
+    gz = p.grid_z()
     cdiv = _launch.cdiv
     if impl == "wmma":
         tiles = cdiv(p.M, WMMA_TILE) * cdiv(p.N, WMMA_TILE)

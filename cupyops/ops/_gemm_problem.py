@@ -67,3 +67,15 @@ class GemmProblem:
 
 
 LAYOUTS = [(ta, tb) for ta in ("false", "true") for tb in ("false", "true")]
+
+
+def check_rung(family, impl, dtype, config, variants, dtypes, configs):
+    """A launcher's own checks of (impl, dtype, config) against its tables (gemm.py has
+    already checked the user's arguments; these guard direct calls, e.g. from a sweep)."""
+    if impl not in variants:
+        raise ValueError(f"impl: unknown {family} rung {impl!r}; expected one of {', '.join(variants)}")
+    if dtype not in dtypes[impl]:
+        raise TypeError(f"gemm impl={impl!r} supports {', '.join(dtypes[impl])}, got {dtype}")
+    if config is not None and config not in configs[impl]:
+        accepted = ", ".join(configs[impl]) or "none"
+        raise ValueError(f"config: {config!r} is not a {impl} configuration; expected one of: {accepted}")

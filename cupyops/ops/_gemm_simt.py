@@ -26,7 +26,7 @@ else 64x64x8s4.
 """
 from .. import _dtypes, _launch
 from .._kernels import KernelFile, template_name
-from ._gemm_problem import LAYOUTS, MAX_GRID_Z
+from ._gemm_problem import LAYOUTS, check_rung
 
 VARIANTS = {
     "naive": "one thread per output, a K loop from global memory: the reference rung, any dtype",
@@ -102,15 +102,9 @@ KERNEL_FILES = [KERNELS]
 def geometry(impl, p, config=None, sm_count=132):
     """(kernel name, grid, block, dynamic shared memory bytes) for rung ``impl`` on ``p``;
     a plain function of numbers so the CPU tier can check it."""
-    if impl not in VARIANTS:
-        raise ValueError(f"impl: unknown gemm_simt rung {impl!r}; expected one of {', '.join(VARIANTS)}")
-    if p.dtype not in DTYPES[impl]:
-        raise TypeError(f"gemm impl={impl!r} supports {', '.join(DTYPES[impl])}, got {p.dtype}")
-    if config is not None and config not in CONFIGS[impl]:
-        accepted = ", ".join(CONFIGS[impl]) or "none"
-        raise ValueError(f"config: {config!r} is not a {impl} configuration; expected one of: {accepted}")
+    check_rung("gemm_simt", impl, p.dtype, config, VARIANTS, DTYPES, CONFIGS)
     ta, tb = p.layout()
-    gz = min(p.grid_z(), MAX_GRID_Z)
+    gz = p.grid_z()
     cdiv = _launch.cdiv
     if impl == "naive":
         return (_name(impl, p.dtype, ta, tb), (cdiv(p.N, 16), min(cdiv(p.M, 16), _MAX_GRID_Y), gz), (16, 16), 0)

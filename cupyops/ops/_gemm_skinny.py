@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import _arrays, _launch
 from .._kernels import KernelFile, template_name
-from ._gemm_problem import LAYOUTS, MAX_GRID_Z
+from ._gemm_problem import LAYOUTS
 
 VARIANTS = {
     "skinny": "M <= 64 (decode): B streamed once with 16-byte loads, A in shared memory, "
@@ -208,7 +208,7 @@ def plan(p, config=None, sm_count=132):
     work = p.batch * rg * nt * S * mt * bn if S > 1 else 0
     return SkinnyPlan(
         name=_name(p.dtype, ta, tb, mt), mt=mt, wn=wn, wk=wk, rg=rg, nt=nt, bn=bn, splits=S,
-        ks=ks, kc=kc, grid=(rg * nt, S, min(p.grid_z(), MAX_GRID_Z)), block=(32, wk, wn), smem=smem,
+        ks=ks, kc=kc, grid=(rg * nt, S, p.grid_z()), block=(32, wk, wn), smem=smem,
         work=work, tickets=tiles if S > 1 else 0,
     )
 
