@@ -21,15 +21,14 @@
 //                   issue, 64x64 warp tiles (32 mma per 8 ldmatrix), grouped block order
 //                   for L2 reuse, epilogue staged through shared memory for 16-byte stores.
 //   3. gemm_mma_s8  the same pipeline with mma.sync m16n8k32 s8 -> s32 (2x the fp16 rate).
-//                   ldmatrix cannot transpose bytes and the mma wants K contiguous in every
-//                   register of both operands, so an M- or N-contiguous int8 operand (TA,
-//                   or !TB: matmul(a, b)) is transposed while staging: 4 k-rows x 16 bytes
-//                   in registers, 4x4 byte blocks transposed with prmt, 32-bit stores into
-//                   the K-contiguous swizzled layout; its global loads for tile k+S-1 are
-//                   issued before the mma of tile k and stored after them (edge tiles and
-//                   unaligned operands gather guarded bytes straight into shared memory).
-//                   Two staging units (32 registers) do not fit next to 64x64 int32 warp
-//                   tiles, so the launcher keeps such an operand on the 128-wide side.
+//                   The mma wants 4 consecutive k in every register of both operands and
+//                   ldmatrix.trans moves 16-bit elements, so an M- or N-contiguous int8
+//                   operand (TA, or !TB: matmul(a, b)) is staged as it lies, by cp.async,
+//                   and each ldmatrix.x4.trans picks k rows so that its four registers
+//                   hold 2 k x 2 m/n byte blocks, which 4 prmt regroup into 4 k x 1 m/n
+//                   registers (Operand::frag_base): one load still feeds a whole fragment,
+//                   the m/n rows of the fragment come out interleaved (even / odd), and
+//                   the epilogue puts them back.
 // (Leaves room for 4. an sm_90a wgmma + TMA rung: the launcher picks kernels in one place.)
 //
 // Launch geometry (cupyops/ops/_gemm_mma.py computes it):
@@ -121,17 +120,20 @@ __device__ __forceinline__ void mma_tile(typename GemmTypes<T>::Acc (&d)[4], con
     }
 }
 
-// Transpose a 4x4 byte block: x[r] holds bytes (r, 0..3) -> y[c] holds bytes (0..3, c).
-// prmt picks bytes 0-3 from its first operand, 4-7 from its second; 6 prmt per block.
-__device__ __forceinline__ void transpose4x4(unsigned x0, unsigned x1, unsigned x2, unsigned x3, unsigned (&y)[4]) {
-    const unsigned t0 = __byte_perm(x0, x1, 0x5140);  // x0.0 x1.0 x0.1 x1.1
-    const unsigned t1 = __byte_perm(x0, x1, 0x7362);  // x0.2 x1.2 x0.3 x1.3
-    const unsigned t2 = __byte_perm(x2, x3, 0x5140);  // x2.0 x3.0 x2.1 x3.1
-    const unsigned t3 = __byte_perm(x2, x3, 0x7362);  // x2.2 x3.2 x2.3 x3.3
-    y[0] = __byte_perm(t0, t2, 0x5410);               // x0.0 x1.0 x2.0 x3.0
-    y[1] = __byte_perm(t0, t2, 0x7632);               // x0.1 x1.1 x2.1 x3.1
-    y[2] = __byte_perm(t1, t3, 0x5410);
-    y[3] = __byte_perm(t1, t3, 0x7632);
+// An int8 MC fragment (see Operand::frag_base): ldmatrix.x4.trans left lane (g, t) with
+// r0 = bytes (k 4t, mn 2g), (4t, 2g+1), (4t+1, 2g), (4t+1, 2g+1); r1 the same at k 4t+2,
+// 4t+3; r2, r3 the same 16 k further. prmt (bytes 0-3 from the first operand, 4-7 from the
+// second) regroups them into registers of 4 consecutive k of one m/n: even = m/n 2g, odd
+// = m/n 2g+1. A (m16 tile): a0, a2 = row g -> m 2g, a1, a3 = row g+8 -> m 2g+1. B (pair of
+// n8 tiles): the first tile's column g -> n 2g, the second's -> n 2g+1.
+template <bool ROLE_A> __device__ __forceinline__ void regroup_k4(unsigned (&r)[4]) {
+    const unsigned e01 = __byte_perm(r[0], r[1], 0x6420), o01 = __byte_perm(r[0], r[1], 0x7531);
+    const unsigned e23 = __byte_perm(r[2], r[3], 0x6420), o23 = __byte_perm(r[2], r[3], 0x7531);
+    if constexpr (ROLE_A) {
+        r[0] = e01; r[1] = o01; r[2] = e23; r[3] = o23;
+    } else {
+        r[0] = e01; r[1] = e23; r[2] = o01; r[3] = o23;
+    }
 }
 
 // Accumulator <-> raw 32-bit word (the epilogue moves accumulators through shared memory).
@@ -159,41 +161,40 @@ __device__ __forceinline__ void tile_coords(int tile, int tm, int tn, int& pm, i
 
 // ------------------------------------------------------------------ one operand's tile
 // A stage holds, for each operand, R rows (m for A, n for B) x 128 bytes of K, in one of
-// three arrangements:
+// two arrangements:
 //   KC  K contiguous in global memory (A when !TA, B when TB): shared rows are the R
 //       m/n rows, 8 chunks of 16 bytes of K each; filled by cp.async; read by ldmatrix.
-//   MC  M/N contiguous, 16-bit types (A when TA, B when !TB): shared rows are the BK = 64
-//       k rows, R elements each (R / 8 chunks); cp.async; ldmatrix.trans hands out the
-//       k-pairs the mma wants.
-//   TS  M/N contiguous int8: transposed while staging into the KC arrangement (the mma
-//       wants 4 consecutive k per register and ldmatrix cannot transpose bytes).
+//   MC  M/N contiguous (A when TA, B when !TB): shared rows are the BK = 128 / sizeof(T)
+//       k rows, R bytes each (R / 16 chunks); cp.async; ldmatrix.trans hands out the
+//       k-pairs the 16-bit mma wants; for int8, see frag_base and regroup_k4.
 // Swizzle: chunk c of shared row r lives at chunk c ^ sw(r) of that row (the XOR only
-// touches the low 3 bits, staying inside the row). ldmatrix reads 8 rows (aligned to 8) at
-// one logical chunk per matrix: row & 7 gives 8 different physical chunks = all 32 banks.
-// cp.async writes 8 consecutive chunks of one row per 8 lanes: again 8 physical chunks.
-// TS uses sw(r) = (r ^ (r >> 4)) & 7: its 32-bit stores hit rows 16 apart in one
-// instruction (see TsStage), which the r >> 4 term spreads over the banks; ldmatrix reads
-// of 8 aligned rows still see r >> 4 constant and r & 7 distinct.
-enum { KC = 0, MC = 1, TS = 2 };
+// touches the low 3 bits, staying inside the row). ldmatrix reads 8 rows at one logical
+// chunk per matrix, which sw must send to 8 different physical chunks (all 32 banks):
+// rows aligned to 8 for KC and 16-bit MC, so sw(r) = r & 7; for int8 MC the k rows
+// {0, 1, 4, 5, 8, 9, 12, 13} (+ 2, + 16, + 32 ks), so sw takes k bits 0, 2, 3 -- or, in
+// the 64-byte rows of a 64-wide int8 tile (two rows per 128 bytes, k bit 0 choosing the
+// half), bits 2, 3 within the row's 4 chunks. cp.async writes whole rows per 8 lanes.
+enum { KC = 0, MC = 1 };
 
 template <typename T, int KIND, int R, int THREADS, bool ROLE_A>
 struct Operand {
     static constexpr int VE = 16 / sizeof(T);            // elements per 16-byte chunk
     static constexpr int BK = 128 / sizeof(T);           // K per stage
+    static constexpr bool MC8 = KIND == MC && sizeof(T) == 1;
     static constexpr int ROWS = KIND == MC ? BK : R;     // shared rows of the tile
     static constexpr int CPR = KIND == MC ? R / VE : 8;  // 16-byte chunks per shared row
     static constexpr int ROWB = CPR * 16;
     static constexpr int BYTES = ROWS * ROWB;  // = R * 128 in every arrangement
     static constexpr int CHUNKS = ROWS * CPR / THREADS;  // cp.async per thread per stage
     static constexpr int RSTEP = THREADS / CPR;          // rows between a thread's chunks
-    static constexpr int UNITS = KIND == TS ? 2 * R / THREADS : 0;  // TS units per thread
     static constexpr bool TRANS = KIND == MC;
-    static_assert(KIND == TS || (ROWS * CPR) % THREADS == 0, "chunks must split evenly over the block");
-    static_assert(KIND == TS || (THREADS % CPR == 0 && RSTEP % 8 == 0), "a thread's chunks share one swizzle");
-    static_assert(KIND != TS || (UNITS >= 1 && 2 * R == UNITS * THREADS && R % 64 == 0), "TS units");
+    static_assert((ROWS * CPR) % THREADS == 0, "chunks must split evenly over the block");
+    static_assert(THREADS % CPR == 0 && RSTEP % (MC8 ? 16 : 8) == 0, "a thread's chunks share one swizzle");
+    static_assert(CPR >= 8 || (MC8 && CPR == 4), "the swizzle stays inside a shared row");
 
     __device__ __forceinline__ static int sw(int row) {
-        if constexpr (KIND == TS) return (row ^ (row >> 4)) & 7;
+        if constexpr (MC8 && CPR >= 8) return (row & 1) | ((row >> 1) & 6);
+        else if constexpr (MC8) return (row >> 2) & 3;  // 64-byte rows: k bit 0 picks the half
         else return row & 7;
     }
 
@@ -205,7 +206,7 @@ struct Operand {
         const int r0 = KIND == MC ? k0 : mn0, c0 = KIND == MC ? mn0 : k0;  // storage origin
         const int rlim = KIND == MC ? K : MN, clim = KIND == MC ? MN : K;
         const int row = tid / CPR, ch = tid % CPR;
-        const unsigned dst = s + row * ROWB + ((ch ^ (row & 7)) << 4);
+        const unsigned dst = s + row * ROWB + ((ch ^ sw(row)) << 4);
         const int col = c0 + ch * VE;
         const T* src = g + (i64)(r0 + row) * ld + col;
         const i64 step = (i64)RSTEP * ld;
@@ -249,17 +250,23 @@ struct Operand {
     //       (rows 0-7, chunk 1), (rows 8-15, chunk 1) -> registers a0..a3.
     //   B role (idx = pair of n8 tiles): (n 0-7, chunk 0), (n 0-7, chunk 1), (n 8-15,
     //       chunk 0), (n 8-15, chunk 1) -> b0, b1 of tile 2 idx, b0, b1 of tile 2 idx + 1.
-    // MC stores the same matrices transposed (k rows): .trans turns them back.
+    // 16-bit MC stores the same matrices transposed (k rows): .trans turns them back.
+    // int8 MC (idx = 16 m/n bytes = one chunk, either role): matrix i reads the k rows
+    // 16 (i >> 1) + 2 (i & 1) + {0, 1, 4, 5, 8, 9, 12, 13}, so that .trans gives lane
+    // (g, t) k 4t, 4t+1 from matrices 0, 2 and 4t+2, 4t+3 from 1, 3 (see regroup_k4).
     // The swizzled offset splits into a per-thread part (frag_base, computed once) and
     // compile-time parts: offset(ks, idx) = (base ^ frag_xor(ks, idx)) + frag_add(ks, idx).
-    // That holds because the k-step and idx terms land on chunk bits the base leaves
-    // clear: KC: chunk = 2 ks + cc (cc = bit 0), rows idx * 16 apart (a multiple of 8, so
-    // row & 7 is idx-free); MC: k rows ks * 16 apart (k & 7 is ks-free), chunk = wbase / 8
-    // + 2 idx + cc with wbase / 8 a multiple of 2 * (number of idx); TS: as KC, plus
-    // sw's (row >> 4) & 7 = ((wbase >> 4) + idx) & 7 = ((wbase >> 4) & 7) ^ idx since
-    // wbase is a multiple of 16 * (number of idx).
+    // That holds because the k-step and idx terms land on bits the base leaves clear: KC:
+    // chunk = 2 ks + cc (cc = bit 0), rows idx * 16 apart (a multiple of 8, so row & 7 is
+    // idx-free); MC: k rows ks * 32 bytes apart (sw is ks-free), chunk = wbase / VE +
+    // (16-bit: 2 idx + cc; int8: idx) with wbase / VE a multiple of the number of chunks
+    // the idx span (a power of 2).
     __device__ __forceinline__ static unsigned frag_base(int wbase, int l) {
-        if constexpr (KIND == MC) {
+        if constexpr (MC8) {
+            const int i = l >> 3, r = l & 7;
+            const int kr = 16 * (i >> 1) + 2 * (i & 1) + (r & 1) + 4 * (r >> 1);
+            return kr * ROWB + (((wbase / 16) ^ sw(kr)) << 4);
+        } else if constexpr (KIND == MC) {
             const int kr = ROLE_A ? ((l & 7) | ((l >> 4) << 3)) : (l & 15);
             const int cc = ROLE_A ? ((l >> 3) & 1) : (l >> 4);
             return kr * ROWB + (((wbase / 8 + cc) ^ (kr & 7)) << 4);
@@ -271,95 +278,19 @@ struct Operand {
         }
     }
     __host__ __device__ static constexpr unsigned frag_xor(int ks, int idx) {
-        return KIND == MC ? (unsigned)idx << 5 : (KIND == KC ? (unsigned)ks << 5 : ((unsigned)ks << 5) ^ ((unsigned)idx << 4));
+        return KIND == MC ? (unsigned)idx << (MC8 ? 4 : 5) : (unsigned)ks << 5;
     }
     __host__ __device__ static constexpr unsigned frag_add(int ks, int idx) {
-        return KIND == MC ? (unsigned)(ks * 16 * ROWB) : (unsigned)(idx * 16 * 128);
+        return KIND == MC ? (unsigned)(ks * 32 / (int)sizeof(T) * ROWB) : (unsigned)(idx * 16 * 128);
     }
-};
-
-// TS staging of an M/N-contiguous int8 operand (stored K x MN with leading dimension ld).
-// A unit is 4 k-rows x 16 bytes of m/n: 4 16-byte loads -> 16 words -> four 4x4
-// transposes -> 16 words, each 4 consecutive k of one m/n, stored as one 32-bit word.
-// Unit u of a thread: lane bits 0-1 pick the word within a 16-byte K chunk, lane bit 2
-// the chunk half, lane bits 3-4 the 16-byte m/n block; the warp index the rest. Then one
-// load instruction reads 8 k-rows x 64 contiguous bytes, and one store instruction's 32
-// words land in 32 different banks: physical chunk = chunk ^ (n_lo ^ nb) & 7 takes 8
-// values over (lane bit 2, lane bits 3-4), times 4 words within the chunk.
-template <int R, int THREADS>
-struct TsStage {
-    static constexpr int UNITS = 2 * R / THREADS;
-
-    __device__ __forceinline__ static void coords(int u, int tid, int& chunk, int& kw, int& nb) {
-        const int uu = tid + u * THREADS, lane = uu & 31, rest = uu >> 5;
-        chunk = ((lane >> 2) & 1) * 4 + (rest & 3);  // 16-byte K chunk (0..7)
-        kw = chunk * 4 + (lane & 3);                  // 32-bit K word (0..31): k = 4 kw .. 4 kw + 3
-        nb = (lane >> 3) + 4 * (rest >> 2);           // 16-byte m/n block (0 .. R/16 - 1)
-    }
-
-    // fast (16-byte aligned operand, whole tile in range): 4 16-byte loads into registers,
-    // which fly under the mma until deposit() transposes and stores them. Otherwise
-    // (unaligned operand or edge tile) the unit's bytes are gathered right here with
-    // guarded byte loads (zero fill), already in K-contiguous order, and stored at once
-    // (the stage is free from the start of the iteration): the slow case holds no
-    // registers across the mma.
-    __device__ __forceinline__ static void fetch(unsigned (&x)[4][4], unsigned s, bool fast, const signed char* g,
-                                                 i64 ld, int mn0, int k0, int MN, int K, int tid, int u) {
-        int chunk, kw, nb;
-        coords(u, tid, chunk, kw, nb);
-        const int kk = k0 + kw * 4, mn = mn0 + nb * 16;
-        if (fast) {
-            const signed char* p = g + (i64)kk * ld + mn;
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const uint4 v = __ldg(reinterpret_cast<const uint4*>(p + r * ld));
-                x[r][0] = v.x;
-                x[r][1] = v.y;
-                x[r][2] = v.z;
-                x[r][3] = v.w;
-            }
-        } else {
-            const unsigned base = s + nb * 16 * 128 + (kw & 3) * 4;
-            const int cx = chunk ^ (nb & 7);
-            const unsigned char* q = reinterpret_cast<const unsigned char*>(g) + (i64)kk * ld + mn;
-#pragma unroll 1
-            for (int nlo = 0; nlo < 16; ++nlo) {
-                unsigned w = 0;
-#pragma unroll
-                for (int r = 0; r < 4; ++r)
-                    if (kk + r < K && mn + nlo < MN) w |= (unsigned)q[r * ld + nlo] << (8 * r);
-                sts32(base + nlo * 128 + ((cx ^ (nlo & 7)) << 4), w);
-            }
-        }
-    }
-
-    // Fetched registers -> the KC arrangement of the stage at s (fast case only).
-    __device__ __forceinline__ static void deposit(unsigned s, const unsigned (&x)[4][4], int tid, int u) {
-        int chunk, kw, nb;
-        coords(u, tid, chunk, kw, nb);
-        const unsigned base = s + nb * 16 * 128 + (kw & 3) * 4;
-        const int cx = chunk ^ (nb & 7);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            unsigned y[4];
-            transpose4x4(x[0][j], x[1][j], x[2][j], x[3][j], y);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int nlo = 4 * j + i;  // row n = 16 nb + nlo; sw(n) = (nlo ^ nb) & 7
-                sts32(base + nlo * 128 + ((cx ^ (nlo & 7)) << 4), y[i]);
-            }
-        }
+    // ldmatrix.x4 of fragment idx of k-step ks from the stage at s into r.
+    __device__ __forceinline__ static void load(unsigned s, unsigned base, int ks, int idx, unsigned (&r)[4]) {
+        ldsm4<TRANS>(s + ((base ^ frag_xor(ks, idx)) + frag_add(ks, idx)), r);
+        if constexpr (MC8) regroup_k4<ROLE_A>(r);
     }
 };
 
 // ------------------------------------------------------------------ the mma.sync GEMM
-// TS unit u of U (per thread and stage) is loaded at k-step u * 4 / U and stored after the
-// mma of k-step (u + 1) * 4 / U - 1: one unit's registers live at a time when U > 1.
-__host__ __device__ constexpr bool ts_fetch_at(int U, int u, int ks) { return U > 0 && u < U && ks == u * 4 / U; }
-__host__ __device__ constexpr bool ts_store_at(int U, int u, int ks) {
-    return U > 0 && u < U && ks == (u + 1) * 4 / U - 1;
-}
-
 template <typename T, bool TA, bool TB, int BM, int BN, int WM, int WN, int STAGES>
 __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
     typedef typename GemmTypes<T>::Acc Acc;
@@ -367,23 +298,14 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
     constexpr bool I8 = sizeof(T) == 1;
     constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
     constexpr int MT = WM / 16, NT = WN / 8, NP = NT / 2, KSTEPS = 4, BK = 128 / sizeof(T);
-    constexpr bool A_TS = TA && I8, B_TS = !TB && I8;
-    typedef Operand<T, !TA ? KC : (I8 ? TS : MC), BM, THREADS, true> OpA;
-    typedef Operand<T, TB ? KC : (I8 ? TS : MC), BN, THREADS, false> OpB;
-    typedef TsStage<BM, THREADS> TsA;
-    typedef TsStage<BN, THREADS> TsB;
-    constexpr int UA = A_TS ? TsA::UNITS : 0, UB = B_TS ? TsB::UNITS : 0;
-    // Fragment double buffering costs 8 MT + 4 NT registers; the int8 kernels staging
-    // more than one TS unit per thread cannot afford them on top of the staging registers
-    // and load each k-step's fragments at its start instead (the other warps of the SM
-    // cover the ldmatrix latency).
-    constexpr bool FDB = UA + UB <= 1;
-    constexpr int NB = FDB ? 2 : 1;
+    typedef Operand<T, TA ? MC : KC, BM, THREADS, true> OpA;
+    typedef Operand<T, TB ? KC : MC, BN, THREADS, false> OpB;
+    // int8 MC fragments interleave their m (A) / n (B) rows: see regroup_k4.
+    constexpr bool ROWS_IL = OpA::MC8, COLS_IL = OpB::MC8;
     constexpr int STAGE = OpA::BYTES + OpB::BYTES;
     constexpr int CS_LD = BN + 8;  // epilogue row stride in words: 8 rows of a float2 store -> 2 wavefronts
     static_assert(STAGES >= 2 && WM % 16 == 0 && WN % 16 == 0 && BM % WM == 0 && BN % WN == 0, "tile shape");
-    static_assert(UA <= KSTEPS && UB <= KSTEPS && (UA == 0 || KSTEPS % UA == 0) && (UB == 0 || KSTEPS % UB == 0),
-                  "TS schedule");
+    static_assert((MT & (MT - 1)) == 0 && (NP & (NP - 1)) == 0, "frag_xor needs power-of-2 fragment counts");
     static_assert(KSTEPS % 2 == 0, "fragment double buffer parity");
 
     extern __shared__ __align__(1024) unsigned char gemm_smem[];
@@ -405,8 +327,6 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
             int pm, pn;
             tile_coords<8>(tile, tm, tn, pm, pn);
             const int m0 = pm * BM, n0 = pn * BN;
-            // TS fast path: aligned, and the tile inside M/N (and K: checked per k-tile).
-            const bool a_full = a_vec && m0 + BM <= M, b_full = b_vec && n0 + BN <= N;
 
             Acc acc[MT][NT][4];
 #pragma unroll
@@ -416,97 +336,47 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
 #pragma unroll
                     for (int q = 0; q < 4; ++q) acc[i][j][q] = 0;
 
-            unsigned xa[UA > 0 ? UA : 1][4][4], xb[UB > 0 ? UB : 1][4][4];  // TS staging registers
-            unsigned af[NB][MT][4], bf[NB][NP][4];                          // (double-buffered) fragments
+            unsigned af[2][MT][4], bf[2][NP][4];  // double-buffered fragments
 
             // Start the cp.async copies of k-tile kt into stage st.
             auto issue = [&](int kt, int st) {
                 const unsigned sa = s0 + st * STAGE, sb = sa + OpA::BYTES;
-                if constexpr (!A_TS) OpA::issue(sa, Az, lda, m0, kt * BK, M, K, a_vec, tid);
-                if constexpr (!B_TS) OpB::issue(sb, Bz, ldb, n0, kt * BK, N, K, b_vec, tid);
-            };
-            // TS fast case per k-tile: aligned, the tile inside M/N (a_full) and K.
-            auto fetch_a = [&](int kt, int st, int u) {
-                if constexpr (A_TS)
-                    TsA::fetch(xa[u], s0 + st * STAGE, a_full && (kt + 1) * BK <= K, Az, lda, m0, kt * BK, M, K, tid, u);
-            };
-            auto fetch_b = [&](int kt, int st, int u) {
-                if constexpr (B_TS)
-                    TsB::fetch(xb[u], s0 + st * STAGE + OpA::BYTES, b_full && (kt + 1) * BK <= K, Bz, ldb, n0, kt * BK,
-                               N, K, tid, u);
-            };
-            auto deposit_a = [&](int kt, int st, int u) {
-                if constexpr (A_TS)
-                    if (a_full && (kt + 1) * BK <= K) TsA::deposit(s0 + st * STAGE, xa[u], tid, u);
-            };
-            auto deposit_b = [&](int kt, int st, int u) {
-                if constexpr (B_TS)
-                    if (b_full && (kt + 1) * BK <= K) TsB::deposit(s0 + st * STAGE + OpA::BYTES, xb[u], tid, u);
+                OpA::issue(sa, Az, lda, m0, kt * BK, M, K, a_vec, tid);
+                OpB::issue(sb, Bz, ldb, n0, kt * BK, N, K, b_vec, tid);
             };
             auto load_frags = [&](int buf, int st, int ks) {
                 const unsigned sa = s0 + st * STAGE, sb = sa + OpA::BYTES;
 #pragma unroll
-                for (int i = 0; i < MT; ++i)
-                    ldsm4<OpA::TRANS>(sa + ((fa ^ OpA::frag_xor(ks, i)) + OpA::frag_add(ks, i)), af[buf][i]);
+                for (int i = 0; i < MT; ++i) OpA::load(sa, fa, ks, i, af[buf][i]);
 #pragma unroll
-                for (int j = 0; j < NP; ++j)
-                    ldsm4<OpB::TRANS>(sb + ((fb ^ OpB::frag_xor(ks, j)) + OpB::frag_add(ks, j)), bf[buf][j]);
+                for (int j = 0; j < NP; ++j) OpB::load(sb, fb, ks, j, bf[buf][j]);
             };
 
             // Prologue: k-tiles 0 .. STAGES-2 into stages 0 .. STAGES-2, one commit group
             // per k-tile (empty past KT) so that wait_group counts stay uniform.
 #pragma unroll 1
             for (int st = 0; st < STAGES - 1; ++st) {
-                if (st < KT) {
-                    issue(st, st);
-#pragma unroll
-                    for (int u = 0; u < KSTEPS; ++u) {
-                        if (u < UA) {
-                            fetch_a(st, st, u);
-                            deposit_a(st, st, u);
-                        }
-                        if (u < UB) {
-                            fetch_b(st, st, u);
-                            deposit_b(st, st, u);
-                        }
-                    }
-                }
+                if (st < KT) issue(st, st);
                 cp_commit();
             }
             cp_wait<STAGES - 2>();
             __syncthreads();
-            if constexpr (FDB) load_frags(0, 0, 0);
+            load_frags(0, 0, 0);
 
             int rs = 0, ws = STAGES - 1;  // stage read this iteration, stage refilled
             for (int kt = 0; kt < KT; ++kt) {
                 // Refill the stage k-tile kt-1 used (every warp finished reading it before
                 // the previous barrier) with k-tile kt + STAGES - 1.
                 const int nk = kt + STAGES - 1;
-                const bool more = nk < KT;
-                if (more) issue(nk, ws);
+                if (nk < KT) issue(nk, ws);
                 cp_commit();
 #pragma unroll
                 for (int ks = 0; ks < KSTEPS; ++ks) {
-                    if (more) {
-#pragma unroll
-                        for (int u = 0; u < KSTEPS; ++u) {
-                            if (ts_fetch_at(UA, u, ks)) fetch_a(nk, ws, u);
-                            if (ts_fetch_at(UB, u, ks)) fetch_b(nk, ws, u);
-                        }
-                    }
-                    if constexpr (!FDB) load_frags(0, rs, ks);
                     if (ks == KSTEPS - 1) {
-                        if (more) {
-#pragma unroll
-                            for (int u = 0; u < KSTEPS; ++u) {
-                                if (ts_store_at(UA, u, ks)) deposit_a(nk, ws, u);
-                                if (ts_store_at(UB, u, ks)) deposit_b(nk, ws, u);
-                            }
-                        }
                         // k-tile kt+1 has landed (groups retire in order; the STAGES-2
-                        // younger ones may still fly); the barrier publishes it (and the TS
-                        // stores) and retires every warp's reads of tile kt's fragments
-                        // except the last k-step's, already in registers.
+                        // younger ones may still fly); the barrier publishes it and
+                        // retires every warp's reads of tile kt's fragments except the
+                        // last k-step's, already in registers.
                         cp_wait<STAGES - 2>();
                         __syncthreads();
                         rs = rs + 1 == STAGES ? 0 : rs + 1;
@@ -514,40 +384,52 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
                     }
                     // The next k-step's fragments (the next tile's first after the
                     // barrier) load while this k-step's mma issue.
-                    if constexpr (FDB) load_frags((ks + 1) & 1, rs, (ks + 1) % KSTEPS);
-                    const int fb_ = FDB ? (ks & 1) : 0;
+                    load_frags((ks + 1) & 1, rs, (ks + 1) % KSTEPS);
+                    const int cur = ks & 1;
 #pragma unroll
                     for (int i = 0; i < MT; ++i)
 #pragma unroll
                         for (int j = 0; j < NT; ++j)
-                            mma_tile<T>(acc[i][j], af[fb_][i], bf[fb_][j >> 1][(j & 1) * 2],
-                                        bf[fb_][j >> 1][(j & 1) * 2 + 1]);
-                    if (ks != KSTEPS - 1 && more) {
-#pragma unroll
-                        for (int u = 0; u < KSTEPS; ++u) {
-                            if (ts_store_at(UA, u, ks)) deposit_a(nk, ws, u);
-                            if (ts_store_at(UB, u, ks)) deposit_b(nk, ws, u);
-                        }
-                    }
+                            mma_tile<T>(acc[i][j], af[cur][i], bf[cur][j >> 1][(j & 1) * 2],
+                                        bf[cur][j >> 1][(j & 1) * 2 + 1]);
                 }
             }
 
             // Epilogue: accumulators -> shared memory (fp32 / int32, rows padded to
             // BN + 8 words) -> each thread takes 16 bytes of output of one row: a 16-byte
             // C load and D store when aligned and inside N, guarded elements otherwise.
+            // Fragment row g / g+8 is tile row g / g+8, or 2g / 2g+1 when ROWS_IL; with
+            // COLS_IL the n8 tile pair (2p, 2p+1) holds columns 16p + 4t + {0, 2} and
+            // {1, 3}: four consecutive words per row, stored together.
             cp_wait<0>();
             __syncthreads();  // every warp is done reading the ring
             Acc* cs = reinterpret_cast<Acc*>(gemm_smem);
+            const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-            for (int i = 0; i < MT; ++i)
+            for (int i = 0; i < MT; ++i) {
+                const int r0 = wm0 + i * 16 + (ROWS_IL ? 2 * g : g), r1 = r0 + (ROWS_IL ? 1 : 8);
+                if constexpr (COLS_IL) {
 #pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const int r = wm0 + i * 16 + (lane >> 2), c = wn0 + j * 8 + (lane & 3) * 2;
-                    *reinterpret_cast<uint2*>(cs + r * CS_LD + c) =
-                        make_uint2(to_bits(acc[i][j][0]), to_bits(acc[i][j][1]));
-                    *reinterpret_cast<uint2*>(cs + (r + 8) * CS_LD + c) =
-                        make_uint2(to_bits(acc[i][j][2]), to_bits(acc[i][j][3]));
+                    for (int p = 0; p < NP; ++p) {
+                        const int c = wn0 + p * 16 + 4 * t;
+                        const Acc(&e)[4] = acc[i][2 * p];
+                        const Acc(&o)[4] = acc[i][2 * p + 1];
+                        *reinterpret_cast<uint4*>(cs + r0 * CS_LD + c) =
+                            make_uint4(to_bits(e[0]), to_bits(o[0]), to_bits(e[1]), to_bits(o[1]));
+                        *reinterpret_cast<uint4*>(cs + r1 * CS_LD + c) =
+                            make_uint4(to_bits(e[2]), to_bits(o[2]), to_bits(e[3]), to_bits(o[3]));
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        const int c = wn0 + j * 8 + 2 * t;
+                        *reinterpret_cast<uint2*>(cs + r0 * CS_LD + c) =
+                            make_uint2(to_bits(acc[i][j][0]), to_bits(acc[i][j][1]));
+                        *reinterpret_cast<uint2*>(cs + r1 * CS_LD + c) =
+                            make_uint2(to_bits(acc[i][j][2]), to_bits(acc[i][j][3]));
+                    }
                 }
+            }
             __syncthreads();
             constexpr int OV = 16 / sizeof(Out);  // outputs per 16-byte store
             constexpr int TPR = BN / OV, RPP = THREADS / TPR;

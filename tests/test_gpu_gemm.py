@@ -265,3 +265,33 @@ def test_gemm_on_a_side_stream():
     s.synchronize()
     check(got, reference.matmul(a, b), "float16", 2048, "side stream skinny")
     assert big.shape == (256, 1024)
+
+
+def config_cases():
+    for impl, mod in G._LAUNCHERS.items():
+        for cfg in mod.CONFIGS.get(impl, ()):
+            for dtype in G.dtypes_of(impl):
+                yield pytest.param(impl, dtype, cfg, id=f"{impl}-{dtype}-{cfg}")
+
+
+@pytest.mark.parametrize("impl,dtype,cfg", list(config_cases()))
+def test_every_tile_config_every_layout(impl, dtype, cfg):
+    # auto picks one configuration per shape; the sweep and users may force any other, and
+    # each is its own instantiation (warp layout, ring depth, fragment mapping): all must be
+    # right on partial tiles, several k-tiles, every layout, aligned and misaligned.
+    cp = _cp()
+    rng = np.random.default_rng()
+    M = 40 if impl == "skinny" else 300
+    N, K = 520, 700
+    for i, (ta, tb) in enumerate(LAYOUTS):
+        for how in ("contiguous", "offset"):
+            a = rand(rng, (K, M) if ta else (M, K), dtype)
+            b = rand(rng, (N, K) if tb else (K, N), dtype)
+            ref = reference.gemm(a, b, None, 1, 0, ta, tb)
+            if dtype == "int8":
+                ref = ref.astype(np.int32)
+            da, db = layout(rng, a, how, cp), layout(rng, b, how, cp)
+            d = poisoned((M, N), _dtypes.to_dtype(G.OUT_TYPES[dtype]))
+            (p,) = G._problems(dtype, ta, tb, M, N, K, da, db, None, d, (), 1, 0, cp)
+            G._LAUNCHERS[impl].launch(impl, p, cfg)
+            check(d, ref, dtype, K, f"{impl} {dtype} {cfg} ta={ta} tb={tb} {how}")

@@ -9,23 +9,12 @@ int8 -> int32 through ``gemm_mma_s8``).
 types, 128 for int8) and gives each warp a 64x64 (or 32x64) tile of 16x8 mma outputs:
 
 - ``128x256``: 8 warps (2 x 4) of 64x64, 3 stages, 144 KB of shared memory, one block an
-  SM. The default for large 16-bit problems (and int8 with TA=true, TB=true).
-- ``256x128``: the same turned over (8 warps, 4 x 2). The default for large int8 problems
-  with an N-contiguous B (TB=false, ``matmul(a, b)``): the transposed-while-staged B tile
-  is 128 wide, one staging unit (16 registers) per thread.
-- ``128x128``: 16-bit: 4 warps (2 x 2) of 64x64, 3 stages, 96 KB, two blocks share an SM
-  (one block's barriers and epilogue hide under the other's mma); int8: 8 warps (2 x 4) of
-  64x32, 3 stages, one block an SM. For mid-sized problems.
+  SM. The default for large problems.
+- ``256x128``: the same turned over (8 warps, 4 x 2).
+- ``128x128``: 4 warps (2 x 2) of 64x64, 3 stages, 96 KB, two blocks share an SM (one
+  block's barriers and epilogue hide under the other's mma). For mid-sized problems.
 - ``64x128``: 4 warps (2 x 2) of 32x64, 4 stages, 96 KB, two blocks an SM: four times the
   blocks of the large tiles, for problems that would leave SMs idle.
-
-int8 operands with M or N contiguous (A when TA, B when not TB) are transposed while
-staging, through registers; on the 256-wide side of a large tile that takes two staging
-units per thread, which does not fit in 255 registers next to the 64x64 int32 warp tiles.
-So for int8 a large tile is turned to put such an operand on its 128-wide side (TB=false:
-``128x256`` runs as ``256x128``; TA=true, TB=true: ``256x128`` runs as ``128x256``), and
-with both operands transposed (TA=true, TB=false) both large tiles run as ``128x128``
-(``resolve_config``).
 
 ``None`` picks by a wave model: for each configuration, waves = ceil(tiles / (SMs x
 blocks per SM)), cost = waves x (blocks per SM) x BM x BN / efficiency (guessed relative
@@ -42,7 +31,7 @@ VARIANTS = {
     "memory, no pipelining: the textbook tensor-core GEMM",
     "mma": "mma.sync from PTX fed by ldmatrix from an XOR-swizzled 3-4 stage cp.async ring, "
     "128x256 block tiles of 64x64 warp tiles, double-buffered fragments, grouped block order; "
-    "int8 through mma.m16n8k32 with the M/N-contiguous operands transposed while staging",
+    "int8 through mma.m16n8k32, M/N-contiguous int8 operands regrouped from ldmatrix.trans by prmt",
 }
 DTYPES = {
     "wmma": ("float16", "bfloat16"),
@@ -59,10 +48,6 @@ _MMA = {
     "128x128": (128, 128, 64, 64, 3, 2),
     "64x128": (64, 128, 32, 64, 4, 2),
 }
-# int8's 128x128 runs 8 warps of 64x32 (one block an SM): with 4 warps of 64x64, each
-# thread would stage two transposed units per operand and the TA=true, TB=false kernel
-# would not fit 255 registers.
-_MMA_S8 = dict(_MMA, **{"128x128": (128, 128, 64, 32, 3, 1)})
 # Guessed relative efficiency of a tile shape at full occupancy (for the wave model).
 _EFFICIENCY = {"128x256": 1.0, "256x128": 1.0, "128x128": 0.85, "64x128": 0.7}
 CONFIGS = {"wmma": (), "mma": tuple(_MMA)}
@@ -75,8 +60,9 @@ _MAX_GRID_X = 2**31 - 1
 
 
 def mma_params(cfg, dtype):
-    """(BM, BN, WM, WN, STAGES, MIN_BLOCKS) of configuration ``cfg`` for ``dtype``."""
-    return (_MMA_S8 if dtype == "int8" else _MMA)[cfg]
+    """(BM, BN, WM, WN, STAGES, MIN_BLOCKS) of configuration ``cfg`` (the same for every
+    dtype: a stage is 128 bytes of K either way)."""
+    return _MMA[cfg]
 
 
 def mma_threads(cfg, dtype):
@@ -91,36 +77,11 @@ def mma_smem(cfg, dtype):
     return max(stages * (bm + bn) * STAGE_K_BYTES, bm * (bn + 8) * 4)
 
 
-def resolve_config(cfg, dtype, ta, tb):
-    """The configuration that actually runs for ``cfg`` (see the module docstring: int8
-    turns a large tile to put a transposed-while-staged operand on its 128-wide side).
-    ``ta``, ``tb``: booleans or their template spellings."""
-    if dtype != "int8" or cfg not in ("128x256", "256x128"):
-        return cfg
-    a_ts, b_ts = ta in (True, "true"), tb in (False, "false")
-    if a_ts and b_ts:
-        return "128x128"
-    if b_ts:
-        return "256x128"
-    if a_ts:
-        return "128x256"
-    return cfg
-
-
-def large_config(p):
-    """The large tile for ``p``: 128x256, except int8 with a row-major (N-contiguous) B,
-    where 256x128 keeps the transposed B tile (and its staging registers) narrow."""
-    if p.dtype == "int8" and not (p.ta and p.tb):
-        return "256x128"
-    return "128x256"
-
-
 def pick_config(p, sm_count):
     """The tile configuration for problem ``p`` on a GPU of ``sm_count`` SMs (wave model,
     see the module docstring)."""
-    big = large_config(p)
     best, best_cost = None, None
-    for cfg in dict.fromkeys(resolve_config(c, p.dtype, p.ta, p.tb) for c in (big, "128x128", "64x128")):
+    for cfg in ("128x256", "128x128", "64x128"):
         bm, bn, _, _, _, per_sm = mma_params(cfg, p.dtype)
         tiles = _launch.cdiv(p.M, bm) * _launch.cdiv(p.N, bn) * p.batch
         waves = _launch.cdiv(tiles, sm_count * per_sm)
@@ -144,8 +105,7 @@ def _expressions():
         names += [_name("wmma", dtype, ta, tb) for ta, tb in LAYOUTS]
     for dtype in DTYPES["mma"]:
         for ta, tb in LAYOUTS:
-            cfgs = dict.fromkeys(resolve_config(cfg, dtype, ta, tb) for cfg in _MMA)
-            names += [_name("mma", dtype, ta, tb, cfg) for cfg in cfgs]
+            names += [_name("mma", dtype, ta, tb, cfg) for cfg in _MMA]
     return names
 
 
@@ -164,7 +124,7 @@ def plan(impl, p, config=None, sm_count=132):
     if impl == "wmma":
         tiles = cdiv(p.M, WMMA_TILE) * cdiv(p.N, WMMA_TILE)
         return _name(impl, p.dtype, ta, tb), (min(tiles, _MAX_GRID_X), 1, gz), (WMMA_THREADS,), 0
-    cfg = resolve_config(config, p.dtype, ta, tb) if config else pick_config(p, sm_count)
+    cfg = config or pick_config(p, sm_count)
     bm, bn = mma_params(cfg, p.dtype)[:2]
     tiles = cdiv(p.M, bm) * cdiv(p.N, bn)
     return (_name(impl, p.dtype, ta, tb, cfg), (min(tiles, _MAX_GRID_X), 1, gz),
