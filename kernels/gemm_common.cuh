@@ -20,6 +20,7 @@
 // element loads.
 #pragma once
 #include "common.cuh"
+#include "ptx.cuh"
 
 namespace cuops {
 
@@ -83,22 +84,6 @@ __device__ __forceinline__ bool gemm_vec_ok(const T* p, i64 ld, i64 stride) {
     return (reinterpret_cast<unsigned long long>(p) % 16 == 0) && ld % V == 0 && stride % V == 0;
 }
 
-// ---------------------------------------------------------------- cp.async pipelines
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte cp.async with zero fill: the first `bytes` (0..16) bytes come from src, the rest
-// of the copy is zero (src-size < cp-size), so an edge chunk costs no branch and a chunk
-// past the edge reads nothing when bytes == 0. .cg: L2 only, the tile is reused from
-// shared memory, not L1.
-__device__ __forceinline__ void cp16_zfill(unsigned dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Wait until at most N groups of this thread's copies are still in flight.
-template <int N> __device__ __forceinline__ void cp_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
+// (cp.async, ldmatrix and mma wrappers: ptx.cuh)
 
 }  // namespace cuops

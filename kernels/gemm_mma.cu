@@ -56,68 +56,12 @@ using namespace cuops;
 namespace gmma {
 
 // ------------------------------------------------------------------ PTX wrappers
-// (smem_u32, cp16_zfill, cp_commit, cp_wait: gemm_common.cuh)
-// 16-byte global -> shared copy that bypasses registers (and L1: .cg; the tile is reused
-// from shared memory).
-__device__ __forceinline__ void cp16(unsigned dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
+// (smem_u32, cp16, cp16_zfill, cp_commit, cp_wait, ldsm4, mma_tile and its fragment
+// layouts: ptx.cuh.) In bytes the m16n8k16 and m16n8k32 fragments are the same: register
+// i of A covers rows (i&1)*8 + g and the 16-byte k-chunk i/2 of the k-step; register j of
+// B the k-chunk j. So one ldmatrix addressing serves both element types.
 __device__ __forceinline__ void sts128(unsigned dst, unsigned a, unsigned b, unsigned c, unsigned d) {
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
-__device__ __forceinline__ void sts32(unsigned dst, unsigned v) {
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
-}
-
-// Four 8x8 matrices of 16-bit elements (8 rows of 16 bytes each; lanes 8i..8i+7 give the
-// row addresses of matrix i). Without .trans lane l receives, of matrix i, row l/4,
-// elements 2(l%4) and 2(l%4)+1 in register i; with .trans it receives column l/4, rows
-// 2(l%4) and 2(l%4)+1, i.e. the same from the transposed matrix.
-template <bool TRANS> __device__ __forceinline__ void ldsm4(unsigned addr, unsigned (&r)[4]) {
-    if constexpr (TRANS)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-// d += a * b for one 16x8 output tile. Fragments (PTX ISA, "Matrix Fragments for mma"),
-// g = lane / 4, t = lane % 4:
-//   m16n8k16 f16/bf16: a0 = (row g, k 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..),
-//       a3 = (g+8, 2t+8..); b0 = (k 2t..2t+1, col g), b1 = (k 2t+8.., g).
-//   m16n8k32 s8: the same with 4 bytes of k per register: a0 = (g, 4t..4t+3),
-//       a1 = (g+8, 4t..), a2 = (g, 4t+16..), a3 = (g+8, 4t+16..); b0 = (k 4t.., g),
-//       b1 = (k 4t+16.., g).
-//   d0, d1 = (row g, cols 2t, 2t+1), d2, d3 = (row g+8, cols 2t, 2t+1).
-// In bytes the two are the same: register i of A covers rows (i&1)*8 + g and the 16-byte
-// k-chunk i/2 of the k-step; register j of B the k-chunk j. So one ldmatrix addressing
-// serves both element types.
-template <typename T> struct IsF16 { static constexpr bool value = false; };
-template <> struct IsF16<__half> { static constexpr bool value = true; };
-
-template <typename T>
-__device__ __forceinline__ void mma_tile(typename GemmTypes<T>::Acc (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                         unsigned b1) {
-    if constexpr (sizeof(T) == 1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else if constexpr (IsF16<T>::value) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
 }
 
 // An int8 MC fragment (see Operand::frag_base): ldmatrix.x4.trans left lane (g, t) with

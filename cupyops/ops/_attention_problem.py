@@ -1,0 +1,77 @@
+"""One checked attention launch, as every attention kernel file's launcher receives it.
+
+``cupyops.ops.attention`` checks the arguments, resolves the layout into element strides
+and allocates the outputs; it then hands an ``AttentionProblem`` to the launcher module of
+the chosen rung (``_attention_simt``, ``_attention_flash``, ``_attention_decode``), which
+picks the launch geometry. The meaning of every field is the contract in
+kernels/attention_common.cuh (ATTN_PARAMS).
+
+A launcher module exposes:
+
+- ``VARIANTS``: {impl: one line on what the rung adds}
+- ``DTYPES``: {impl: the dtype names it claims}
+- ``KERNEL_FILES``: its KernelFile objects
+- ``supports(impl, p)``: None when the rung can run ``p``, else the reason (a string that
+  names the argument, e.g. "head_dim: flash supports 64, 128, got 80")
+- ``launch(impl, p)``: run it on CuPy's current stream, writing ``p.O`` (and ``p.LSE``
+  unless it is None); any workspace comes from CuPy's memory pool.
+"""
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class AttentionProblem:
+    dtype: str  # float32, float16, bfloat16 (q, k, v and O share it)
+    B: int
+    Hq: int
+    Hkv: int
+    Sq: int
+    Skv: int
+    D: int  # head_dim
+    Q: object  # CuPy arrays: any view with a unit stride on the head_dim axis
+    K: object
+    V: object
+    O: object
+    LSE: object  # float32 [B, Hq, Sq] contiguous, or None
+    q_strides: tuple  # (batch, seq, head) element strides
+    k_strides: tuple
+    v_strides: tuple
+    o_strides: tuple
+    scale: float
+    causal: bool
+    causal_offset: int  # top_left: 0; bottom_right: Skv - Sq
+
+    @property
+    def group(self):
+        """Query heads per KV head."""
+        return self.Hq // self.Hkv
+
+    def args(self):
+        """Kernel arguments in ATTN_PARAMS order, with the C types the kernels expect."""
+        i32, i64 = np.int32, np.int64
+        lse = self.LSE if self.LSE is not None else 0  # a null pointer
+        return (
+            self.Q, self.K, self.V, self.O, lse,
+            i32(self.B), i32(self.Hq), i32(self.Hkv), i32(self.Sq), i32(self.Skv), i32(self.D),
+            *(i64(s) for s in self.q_strides), *(i64(s) for s in self.k_strides),
+            *(i64(s) for s in self.v_strides), *(i64(s) for s in self.o_strides),
+            np.float32(self.scale), i32(1 if self.causal else 0), i32(self.causal_offset),
+        )
+
+    def shape_key(self):
+        """What a launch plan depends on (not the pointers or strides)."""
+        return (self.dtype, self.B, self.Hq, self.Hkv, self.Sq, self.Skv, self.D, self.causal,
+                self.causal_offset, self.LSE is not None)
+
+    def aligned16(self):
+        """Whether Q, K, V and O can be moved in 16-byte pieces (the tensor-core rungs'
+        cp.async copies need it): every pointer and stride a multiple of 16 bytes, and
+        head_dim a multiple of 16 bytes."""
+        item = np.dtype(self.O.dtype).itemsize
+        for arr, strides in ((self.Q, self.q_strides), (self.K, self.k_strides),
+                             (self.V, self.v_strides), (self.O, self.o_strides)):
+            if arr.data.ptr % 16 or any((s * item) % 16 for s in strides) or (self.D * item) % 16:
+                return False
+        return True
