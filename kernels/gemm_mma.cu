@@ -239,7 +239,6 @@ template <typename T, bool TA, bool TB, int BM, int BN, int WM, int WN, int STAG
 __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
     typedef typename GemmTypes<T>::Acc Acc;
     typedef typename GemmTypes<T>::Out Out;
-    constexpr bool I8 = sizeof(T) == 1;
     constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
     constexpr int MT = WM / 16, NT = WN / 8, NP = NT / 2, KSTEPS = 4, BK = 128 / sizeof(T);
     typedef Operand<T, TA ? MC : KC, BM, THREADS, true> OpA;
@@ -247,6 +246,12 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
     // int8 MC fragments interleave their m (A) / n (B) rows: see regroup_k4.
     constexpr bool ROWS_IL = OpA::MC8, COLS_IL = OpB::MC8;
     constexpr int STAGE = OpA::BYTES + OpB::BYTES;
+    // Fragment double buffering costs 8 MT + 4 NT registers. With both operands int8 MC
+    // (trans_a and a row-major B) the regrouping temporaries on top of that spill on
+    // sm_80, so that layout loads each k-step's fragments at its start instead (the other
+    // warps of the SM cover the ldmatrix latency).
+    constexpr bool FDB = !(OpA::MC8 && OpB::MC8);
+    constexpr int NB = FDB ? 2 : 1;
     constexpr int CS_LD = BN + 8;  // epilogue row stride in words: 8 rows of a float2 store -> 2 wavefronts
     static_assert(STAGES >= 2 && WM % 16 == 0 && WN % 16 == 0 && BM % WM == 0 && BN % WN == 0, "tile shape");
     static_assert((MT & (MT - 1)) == 0 && (NP & (NP - 1)) == 0, "frag_xor needs power-of-2 fragment counts");
@@ -280,7 +285,7 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
 #pragma unroll
                     for (int q = 0; q < 4; ++q) acc[i][j][q] = 0;
 
-            unsigned af[2][MT][4], bf[2][NP][4];  // double-buffered fragments
+            unsigned af[NB][MT][4], bf[NB][NP][4];  // (double-buffered) fragments
 
             // Start the cp.async copies of k-tile kt into stage st.
             auto issue = [&](int kt, int st) {
@@ -305,7 +310,7 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
             }
             cp_wait<STAGES - 2>();
             __syncthreads();
-            load_frags(0, 0, 0);
+            if constexpr (FDB) load_frags(0, 0, 0);
 
             int rs = 0, ws = STAGES - 1;  // stage read this iteration, stage refilled
             for (int kt = 0; kt < KT; ++kt) {
@@ -316,6 +321,7 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
                 cp_commit();
 #pragma unroll
                 for (int ks = 0; ks < KSTEPS; ++ks) {
+                    if constexpr (!FDB) load_frags(0, rs, ks);  // before the barrier moves rs
                     if (ks == KSTEPS - 1) {
                         // k-tile kt+1 has landed (groups retire in order; the STAGES-2
                         // younger ones may still fly); the barrier publishes it and
@@ -328,8 +334,8 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
                     }
                     // The next k-step's fragments (the next tile's first after the
                     // barrier) load while this k-step's mma issue.
-                    load_frags((ks + 1) & 1, rs, (ks + 1) % KSTEPS);
-                    const int cur = ks & 1;
+                    if constexpr (FDB) load_frags((ks + 1) & 1, rs, (ks + 1) % KSTEPS);
+                    const int cur = FDB ? (ks & 1) : 0;
 #pragma unroll
                     for (int i = 0; i < MT; ++i)
 #pragma unroll
