@@ -51,8 +51,11 @@ __device__ __forceinline__ int mac(int acc, int a, int b) {
 template <typename T> struct is_float { static constexpr bool value = false; };
 template <> struct is_float<float> { static constexpr bool value = true; };
 
-// (smem_u32, cp16_zfill, cp_commit, cp_wait: gemm_common.cuh)
-// 4-byte cp.async with zero fill (as cp16_zfill); 4-byte copies must be .ca.
+// (smem_u32, cp16, cp16_zfill, cp_commit, cp_wait: ptx.cuh)
+// 4-byte cp.async, plain and with zero fill (as cp16_zfill); 4-byte copies must be .ca.
+__device__ __forceinline__ void cp4(unsigned dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp4_zfill(unsigned dst, const void* src, int bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
@@ -232,14 +235,19 @@ struct AsyncTileCopy {
     }
 
     // Start the copies of the slice at k0 into the tile at shared byte address s.
-    // Out-of-range copies have src-size 0: nothing is read, whatever the pointer.
-    __device__ __forceinline__ void issue(unsigned s, i64 ld, int k0, bool vec) const {
+    // Out-of-range copies have src-size 0: nothing is read, whatever the pointer. `full`
+    // (uniform per block): the tile lies inside the matrix along M/N and the slice along
+    // K, so no copy needs its bounds test (most slices of a large product).
+    __device__ __forceinline__ void issue(unsigned s, i64 ld, int k0, bool vec, bool full) const {
         s += soff;
         const i64 ldo = opaque(ld);
         if constexpr (MN_CONTIG) {
             const float* q = p + k0 * ldo;
             const i64 step = KSTEP * ldo;
-            if (vec) {  // 16-byte words; a word cut by the mn edge copies its valid part
+            if (vec && full) {
+#pragma unroll
+                for (int i = 0; i < BK / KSTEP; ++i, q += step) cp16(s + 4 * i * KSTEP * LDS, q);
+            } else if (vec) {  // 16-byte words; a word cut by the mn edge copies its valid part
 #pragma unroll
                 for (int i = 0; i < BK / KSTEP; ++i, q += step)
                     cp16_zfill(s + 4 * i * KSTEP * LDS, q, k0 + i * KSTEP < krem ? 4 * mnrem : 0);
@@ -254,13 +262,22 @@ struct AsyncTileCopy {
             }
         } else {
             const i64 step = RPI * ldo;
+            if (full) {
 #pragma unroll
-            for (int kg = 0; kg < BK / 8; ++kg) {
-                const float* q = p + k0 + 8 * kg;
-                const bool kok = k0 + 8 * kg < krem;
+                for (int kg = 0; kg < BK / 8; ++kg) {
+                    const float* q = p + k0 + 8 * kg;
 #pragma unroll
-                for (int ri = 0; ri < ROWS_I; ++ri, q += step)
-                    cp4_zfill(s + 4 * (8 * kg * LDS + ri * RPI), q, kok && ri * RPI < mnrem ? 4 : 0);
+                    for (int ri = 0; ri < ROWS_I; ++ri, q += step) cp4(s + 4 * (8 * kg * LDS + ri * RPI), q);
+                }
+            } else {
+#pragma unroll
+                for (int kg = 0; kg < BK / 8; ++kg) {
+                    const float* q = p + k0 + 8 * kg;
+                    const bool kok = k0 + 8 * kg < krem;
+#pragma unroll
+                    for (int ri = 0; ri < ROWS_I; ++ri, q += step)
+                        cp4_zfill(s + 4 * (8 * kg * LDS + ri * RPI), q, kok && ri * RPI < mnrem ? 4 : 0);
+                }
             }
         }
     }
@@ -475,10 +492,12 @@ __global__ void __launch_bounds__(simt::SimtTile<BM, BN, TM, TN>::THREADS, simt:
             const simt::AsyncTileCopy<TA, BM, BK, LDS_A, THREADS> copy_a(a, lda, m0, M, K);
             const simt::AsyncTileCopy<!TB, BN, BK, LDS_B, THREADS> copy_b(b, ldb, n0, N, K);
             // Copy slice kt into stage st.
+            const bool mn_full = m0 + BM <= M && n0 + BN <= N;
             auto issue = [&](int st, int kt) {
                 const unsigned s = smem_s + 4 * st * STAGE;
-                copy_a.issue(s, lda, kt * BK, a_vec);
-                copy_b.issue(s + 4 * BK * LDS_A, ldb, kt * BK, b_vec);
+                const bool full = mn_full && (kt + 1) * BK <= K;
+                copy_a.issue(s, lda, kt * BK, a_vec, full);
+                copy_b.issue(s + 4 * BK * LDS_A, ldb, kt * BK, b_vec, full);
             };
             // The previous tile's last fragment reads finish before the prologue refills.
             __syncthreads();
