@@ -1,9 +1,11 @@
 """Summarise a cupyops-bench JSON file as the markdown tables of the README: for each case,
 the `auto` rung (what a user gets) against the copy-bandwidth targets of the foundation
 issue and against each baseline on the same inputs; for matmul, TFLOP/s and the ratios to
-cupy.matmul (cuBLAS) that the GEMM issue sets.
+cupy.matmul (cuBLAS) that the GEMM issue sets; for attention, TFLOP/s (decode: GB/s) and
+the ratios to PyTorch's SDPA backends that the attention issue sets.
 
     python benchmarks/summarize.py benchmarks/results/h200-full.json [more.json ...] > benchmarks/results/h200-summary.md
+    python benchmarks/summarize.py benchmarks/results/h200-attention.json   (cupyops-bench --op attention --json ...)
 """
 import json
 import sys
@@ -21,14 +23,16 @@ def main(*paths):
         rows += json.load(open(extra))["results"]
     by_case = {}
     for r in rows:
-        by_case.setdefault((r["op"], r["axis"], r["dtype"], r["shape"]), {})[r["impl"]] = r
+        key = (r["op"], r["axis"], r["dtype"], r["shape"], r.get("mask"))
+        by_case.setdefault(key, {})[r["impl"]] = r
     print(f"Device: {d['device']}; copy bandwidth {d['copy_bandwidth_GBps']:.0f} GB/s (read + write) "
           f"measured in the same run; {d.get('date', '')}.\n")
-    print("| op | axis | dtype | shape | auto ms | auto GB/s | % copy BW | target | vs torch | vs cupy |")
-    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    if any(k[0] not in ("matmul", "attention") for k in by_case):
+        print("| op | axis | dtype | shape | auto ms | auto GB/s | % copy BW | target | vs torch | vs cupy |")
+        print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     misses = []
-    for (op, axis, dt, shape), impls in by_case.items():
-        if op == "matmul":
+    for (op, axis, dt, shape, _), impls in by_case.items():
+        if op in ("matmul", "attention"):
             continue
         a = impls.get("auto")
         if a is None or a["status"] != "ok":
@@ -47,10 +51,11 @@ def main(*paths):
         if not ok:
             misses.append(f"{op} {ax} {dt} {shape}")
     misses += gemm_table(by_case)
+    misses += attention_tables(by_case)
     hov = d.get("host_overhead_us", {})
     if hov:
         print("\nHost overhead per call, (1, 1024) float32 softmax, steady state: " +
-              ", ".join(f"{k} {v:.1f} us" for k, v in hov.items()))
+              ", ".join(f"{k} {'failed' if v is None else f'{v:.1f} us'}" for k, v in hov.items()))
     print(f"\n{len(misses)} case(s) miss a target or a baseline" + (": " + "; ".join(misses) if misses else "."))
 
 
@@ -79,7 +84,7 @@ def gemm_table(by_case):
     print("| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
     misses = []
     fp16_mma = {}
-    for (_, _, dt, shape), impls in cases:
+    for (_, _, dt, shape, _), impls in cases:
         a = impls.get("auto")
         if a is None or a["status"] != "ok":
             continue
@@ -106,6 +111,91 @@ def gemm_table(by_case):
               f"({fp16_mma['float16']:.0f} TFLOP/s), matmul(a, b) layout{flag}")
         if r < 1.5:
             misses.append("matmul int8 mma vs float16 mma 8192^3")
+    return misses
+
+
+# Attention targets (issue 4): prefill, the `flash` rung at least as fast as PyTorch's
+# flash backend of SDPA (the ratio to its cuDNN backend is reported, not targeted);
+# decode, the `decode` rung at least as fast as the fastest SDPA backend that ran.
+ATTN_PREFILL_TARGET = ("flash", "torch-flash", 1.0)
+ATTN_DECODE_TARGET = ("decode", None, 1.0)  # None: the best SDPA backend
+
+
+def _ratio(r, b):
+    """b's ms / r's ms (> 1: r is faster), or None when either did not run."""
+    ok = lambda x: x is not None and x.get("status") == "ok" and x.get("ms")  # noqa: E731
+    return b["ms"] / r["ms"] if ok(r) and ok(b) else None
+
+
+def _x(v):
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _num(r, key, fmt):
+    """r[key] formatted, or "-" when r did not run or has no such number."""
+    ok = r is not None and r.get("status") == "ok" and r.get(key) is not None
+    return format(r[key], fmt) if ok else "-"
+
+
+def _best_baseline(impls):
+    runs = [r for r in impls.values() if r.get("kind") == "baseline" and r.get("status") == "ok"
+            and r.get("ms")]
+    return min(runs, key=lambda r: r["ms"]) if runs else None
+
+
+def attention_tables(by_case):
+    """The attention cases: prefill (TFLOP/s, flash vs torch-flash and torch-cudnn) and
+    decode (GB/s, decode vs the best SDPA backend). Returns the misses; a target whose
+    baseline did not run is shown as "n/a", not counted as a miss."""
+    cases = [(k, v) for k, v in by_case.items() if k[0] == "attention"]
+    if not cases:
+        return []
+    is_decode = lambda impls: any(r.get("decode") for r in impls.values())  # noqa: E731
+    prefill = [(k, v) for k, v in cases if not is_decode(v)]
+    decode = [(k, v) for k, v in cases if is_decode(v)]
+    misses = []
+    if prefill:
+        rung, base, tgt = ATTN_PREFILL_TARGET
+        print("\n| dtype | shape | mask | flash ms | flash TFLOP/s | vs torch-flash | vs torch-cudnn | "
+              "auto TFLOP/s | auto vs best | best baseline | target |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+        for (_, _, dt, shape, mask), impls in prefill:
+            f, a, best = impls.get(rung), impls.get("auto"), _best_baseline(impls)
+            vs_flash = _ratio(f, impls.get(base))
+            vs_cudnn = _ratio(f, impls.get("torch-cudnn"))
+            if f is None or f.get("status") != "ok":
+                cell_tgt = f"{tgt:.2f} **miss** ({rung}: {f.get('status') if f else 'not run'})"
+                misses.append(f"attention {rung} {dt} {shape} {mask} did not run")
+            elif vs_flash is None:
+                cell_tgt = f"{tgt:.2f} n/a"
+            else:
+                cell_tgt = f"{tgt:.2f}" + ("" if vs_flash >= tgt else " **miss**")
+                if vs_flash < tgt:
+                    misses.append(f"attention {rung} {dt} {shape} {mask} vs {base}")
+            print(f"| {dt} | {shape} | {mask} | {_num(f, 'ms', '.4f')} | {_num(f, 'tflops', '.1f')} | "
+                  f"{_x(vs_flash)} | {_x(vs_cudnn)} | {_num(a, 'tflops', '.1f')} | "
+                  f"{_x(_ratio(a, best))} | {best['impl'] if best else '-'} | {cell_tgt} |")
+    if decode:
+        rung, _, tgt = ATTN_DECODE_TARGET
+        print("\n| dtype | shape | mask | decode ms | decode GB/s | % copy BW | decode TFLOP/s | "
+              "best SDPA | vs best SDPA | auto vs best | target |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
+        for (_, _, dt, shape, mask), impls in decode:
+            d, a, best = impls.get(rung), impls.get("auto"), _best_baseline(impls)
+            vs_best = _ratio(d, best)
+            if d is None or d.get("status") != "ok":
+                cell_tgt = f"{tgt:.2f} **miss** ({rung}: {d.get('status') if d else 'not run'})"
+                misses.append(f"attention {rung} {dt} {shape} did not run")
+            elif vs_best is None:
+                cell_tgt = f"{tgt:.2f} n/a"
+            else:
+                cell_tgt = f"{tgt:.2f}" + ("" if vs_best >= tgt else " **miss**")
+                if vs_best < tgt:
+                    misses.append(f"attention {rung} {dt} {shape} vs best SDPA")
+            print(f"| {dt} | {shape} | {mask} | {_num(d, 'ms', '.4f')} | {_num(d, 'gbps', '.0f')} | "
+                  f"{_num(d, 'pct_copy_bw', '.1f')} | {_num(d, 'tflops', '.2f')} | "
+                  f"{best['impl'] if best else '-'} | {_x(vs_best)} | {_x(_ratio(a, best))} | "
+                  f"{cell_tgt} |")
     return misses
 
 

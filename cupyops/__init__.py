@@ -6,6 +6,7 @@ CuPy out, on CuPy's current stream; NumPy in -> NumPy out (through pinned memory
 """
 from ._kernels import CompileError, warmup
 from .ops import OPS, variants
+from .ops.attention import attention
 from .ops.gemm import gemm, matmul
 from .ops.norm import layer_norm, rms_norm
 from .ops.reduce import max, sum, trace  # noqa: A004 - NumPy's names
@@ -20,6 +21,7 @@ __all__ = [
     "CompileError",
     "OPS",
     "amax",
+    "attention",
     "gemm",
     "layer_norm",
     "matmul",

@@ -93,6 +93,42 @@ def gemm(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
     return y
 
 
+def attention(q, k, v, causal=False, causal_align="top_left", scale=None, layout="bshd",
+              return_lse=False):
+    """Scaled dot-product attention in float64, with cupyops.attention's semantics: layout
+    "bshd" ([batch, len, heads, head_dim]) or "bhsd"; GQA/MQA (query head h reads kv head
+    h // (q_heads // kv_heads)); causal: query i sees key j iff j <= i + offset, offset 0
+    ("top_left") or kv_len - q_len ("bottom_right"). A query that sees no key gets zeros and
+    LSE -inf. Returns out (q's layout) or (out, lse [batch, q_heads, q_len])."""
+    q, k, v = _f64(q), _f64(k), _f64(v)
+    if layout == "bshd":  # work in [batch, heads, len, head_dim]
+        q, k, v = (np.swapaxes(x, 1, 2) for x in (q, k, v))
+    elif layout != "bhsd":
+        raise ValueError(f"layout: expected 'bshd' or 'bhsd', got {layout!r}")
+    Sq, D = q.shape[2], q.shape[3]
+    Skv = k.shape[2]
+    group = q.shape[1] // k.shape[1] if k.shape[1] else 1
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    if scale is None:
+        scale = 1.0 / np.sqrt(D)
+    s = scale * np.matmul(q, np.swapaxes(k, -1, -2))  # [B, Hq, Sq, Skv]
+    if causal:
+        offset = Skv - Sq if causal_align == "bottom_right" else 0
+        seen = np.arange(Skv)[None, :] <= np.arange(Sq)[:, None] + offset
+        s = np.where(seen, s, -np.inf)
+    m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+    m_safe = np.where(np.isneginf(m), 0.0, m)  # rows that see nothing: exp(-inf) = 0, no NaN
+    e = np.exp(s - m_safe)
+    l = np.sum(e, axis=-1, keepdims=True)
+    p = e / np.where(l > 0, l, 1.0)
+    out = np.matmul(p, v)
+    with np.errstate(divide="ignore"):
+        lse = (m_safe + np.log(l))[..., 0]  # log(0) = -inf for rows that see nothing
+    if layout == "bshd":
+        out = np.swapaxes(out, 1, 2)
+    return (out, lse) if return_lse else out
+
+
 def rel_error(out, ref):
     """||out - ref|| / ||ref|| in float64; inf when out has a NaN that ref has not."""
     out = _f64(out)
@@ -116,4 +152,13 @@ TOLERANCE = {
     # fp32 GEMM accumulates K products in float32 (error ~ sqrt(K) * 2^-24 relative);
     # fp16/bf16 outputs are rounded to their own precision (2^-11, 2^-8); int8 is exact.
     "gemm": {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2, "int8": 0.0},
+    # Attention, against the reference fed the same (rounded) inputs. float32: the scores'
+    # float32 dot products carry an absolute error ~ |q||k| * 2^-24 * sqrt(D), which
+    # exp turns into a relative error of the probabilities: ~1e-6 for unit-scale inputs,
+    # ~3e-5 when the scores are 30x larger (nearly one-hot softmax), hence 1e-4.
+    # fp16/bf16: the output is rounded to 2^-11 / 2^-8 (RMS ~3e-4 / 2.3e-3), and the
+    # tensor-core rungs also round P to the input type for P @ V (FlashAttention does):
+    # another ~2^-11 / 2^-8 relative on each term of the weighted sum. Twice each,
+    # with room: 2e-3 and 1.5e-2.
+    "attention": {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1.5e-2},
 }

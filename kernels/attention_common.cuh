@@ -17,8 +17,9 @@
 // with float32 accumulation and round P to the input type for the P @ V product, as
 // FlashAttention does). Index arithmetic on tensor offsets is 64-bit.
 //
-// Every kernel takes exactly this parameter list (ATTN_PARAMS) first; a rung that needs a
-// workspace (the naive rung's score matrix, decode's partial results) takes it after.
+// Every kernel takes exactly this parameter list (ATTN_PARAMS) first; a rung that needs
+// more (the naive rung's score matrix, decode's partial results, flash_v1's alignment
+// flags) takes it after.
 #pragma once
 #include "common.cuh"
 

@@ -21,6 +21,7 @@ VARIANTS = {
     "layer_norm": ["twopass", "welford", "fused"],
     "rms_norm": ["twopass", "fused"],
     "matmul": ["naive", "tiled", "regblock", "pipelined", "wmma", "mma", "skinny"],
+    "attention": ["naive", "tiled", "flash_v1", "flash", "decode"],
 }
 
 
@@ -78,8 +79,8 @@ def test_parse_shapes_and_axes():
 
 # ------------------------------------------------------------------------ expansion
 def test_quick_suite_covers_every_op():
-    cs = cases.expand_cases(cases.OPS, "quick")
-    assert {c.op for c in cs} == set(cases.OPS)
+    cs = cases.expand_cases(cases.suite_ops("quick"), "quick")
+    assert {c.op for c in cs} == set(cases.OPS) - {"attention"}  # attention: --op attention
     sums = [c for c in cs if c.op == "sum"]
     assert {c.axis for c in sums} == {-1, None}
     assert [c for c in cs if c.op == "max"] and all(c.axis == -1 for c in cs if c.op == "max")
@@ -97,7 +98,8 @@ def test_full_suite_is_the_acceptance_set():
     gemms = {(c.shape, c.dtype) for c in cs if c.op == "matmul"}
     assert {((4096, 4096, 4096), d) for d in ("float32", "float16", "bfloat16", "int8")} <= gemms
     assert {((8192, 8192, 8192), d) for d in ("float32", "float16", "bfloat16", "int8")} <= gemms
-    assert len(cs) == 1 + 5 * 9 + 9 + 6 * 4
+    assert len(cs) == 1 + 5 * 9 + 9 + 6 * 4 + 14  # + the attention acceptance set
+    assert cases.suite_ops("full") == cases.OPS
 
 
 def test_default_suite_has_the_llm_gemm_shapes():
@@ -237,6 +239,9 @@ def test_help_works_without_cupy():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "--suite" in r.stdout and "--skip-slow" in r.stdout
+    for text in ("attention", "--causal", "B4xHq16xHkv16xSq4096xSkv4096xD128", "torch-flash",
+                 "torch-cudnn", "2^40 FLOP", "2 GiB", "above 16 query rows"):
+        assert text in r.stdout, text
     r = subprocess.run([sys.executable, "-m", "cupyops.bench", "--help"], capture_output=True,
                        text=True, cwd=ROOT)
     assert r.returncode == 0 and "cupyops-bench" in r.stdout
@@ -335,7 +340,7 @@ def test_small_numbers_keep_three_digits():
     row = dict(fake_rows()[2], op="trace", axis=None, shape="5977x7890", bytes=5977 * 4 + 4)
     (r,) = report.finalize([row], copy_gbps=3000.0)
     c = dict(zip([col[0] for col in report.COLUMNS], report.cells(r)))
-    assert c["GB/s"] == "0.0956" and c["% copy"] == "0.00319" and c["axis"] == ""
+    assert c["GB/s"] == "0.0956" and c["% copy"] == "0.00319" and c["axis/mask"] == ""
 
 
 def meta():
@@ -384,6 +389,630 @@ def test_format_plan():
     plan = cases.build_plan([cases.Case("sum", "float32", (8, 8))], VARIANTS, requested=["naive", "cupy"])
     assert report.format_plan(plan).splitlines() == ["sum axis=-1 float32 8x8: naive, cupy",
                                                      "1 cases, 2 impl runs"]
+
+
+# ------------------------------------------------------------------------ attention
+ATTN_PREFILL = [cases.AttnShape(4, 16, 16, 4096, 4096, 128), cases.AttnShape(4, 32, 32, 4096, 4096, 64)]
+ATTN_GQA = cases.AttnShape(1, 32, 8, 8192, 8192, 128)
+ATTN_DECODE = [cases.AttnShape(b, 32, 8, 1, s, 128) for b in (16, 64) for s in (4096, 32768)]
+
+
+@pytest.mark.parametrize("text,shape", [
+    ("B4xHq16xHkv16xSq4096xSkv4096xD128", (4, 16, 16, 4096, 4096, 128)),
+    ("b1xhq32xhkv8xsq8192xskv8192xd128", (1, 32, 8, 8192, 8192, 128)),
+    ("B4xH16xS4096xD128", (4, 16, 16, 4096, 4096, 128)),  # H and S set both
+    ("D64xS512xB2xHq8", (2, 8, 8, 512, 512, 64)),  # any order; Hkv defaults to Hq
+    ("B16xHq32xHkv8xSq1xSkv32768xD128", (16, 32, 8, 1, 32768, 128)),
+    ("B1*Hq4*Hkv1*Sq3*Skv5*D16", (1, 4, 1, 3, 5, 16)),  # MQA, '*' separates too
+])
+def test_parse_attention_shape(text, shape):
+    got = cases.parse_shape(text)
+    assert isinstance(got, cases.AttnShape) and tuple(got) == shape
+    assert cases.parse_shape(str(got)) == got  # the report's spelling parses back
+
+
+@pytest.mark.parametrize("bad,msg", [
+    ("B4xHq16xSq4096xSkv4096", "missing D"),
+    ("B4xH16xS4096", "missing D"),
+    ("Hq16xS4096xD128", "missing B"),
+    ("B4xHq16xSq4096xD128", "missing Skv"),
+    ("B4xH16xHq16xS4096xD128", "Hq is given twice"),
+    ("B4xHq16xHkv16xSq4096xSkv4096xD128xB2", "B is given twice"),
+    ("B4xHq12xHkv8xS64xD64", "must be a multiple of Hkv"),
+    ("B0xH16xS4096xD128", "must be positive"),
+    ("B4xN16xS4096xD128", "cannot parse attention shape"),
+    ("B4xHq16xS4096xD", "cannot parse attention shape"),
+])
+def test_parse_attention_shape_errors(bad, msg):
+    with pytest.raises(ValueError, match=msg) as exc:
+        cases.parse_shape(bad)
+    assert str(exc.value).startswith("--shape:")
+
+
+def test_parse_masks():
+    assert cases.parse_masks(None) is None
+    assert cases.parse_masks(["none,causal", "top_left", "bottom_right", "br"]) == (
+        "none", "causal", "causal_br")
+    assert cases.parse_masks(["off,yes"]) == ("none", "causal")
+    with pytest.raises(ValueError, match="--causal: unknown mask 'diagonal'"):
+        cases.parse_masks(["diagonal"])
+    assert cases.MASKS["causal_br"] == (True, "bottom_right")
+
+
+def test_attention_case_properties():
+    c = cases.Case("attention", "bfloat16", (4, 16, 16, 4096, 4096, 128), None, True)
+    assert isinstance(c.shape, cases.AttnShape)
+    assert c.shape_str == "B4xHq16xHkv16xSq4096xSkv4096xD128"
+    assert str(c) == "attention causal bfloat16 B4xHq16xHkv16xSq4096xSkv4096xD128"
+    assert (c.mask, c.causal_offset, c.decode, c.axis_str, c.row_wise) == ("causal", 0, False, "", False)
+    assert c.key == ("attention", "", "bfloat16", "B4xHq16xHkv16xSq4096xSkv4096xD128", "causal")
+    br = cases.Case("attention", "float16", cases.AttnShape(2, 8, 2, 16, 100, 64), None, True,
+                    "bottom_right")
+    assert (br.mask, br.causal_offset, br.decode) == ("causal_br", 84, True)
+    # an unmasked case has one spelling whatever the alignment
+    assert cases.Case("attention", "float16", br.shape, None, False, "bottom_right") == \
+        cases.Case("attention", "float16", br.shape, None)
+    assert cases.Case("attention", "float16", br.shape).mask == "none"
+    assert cases.Case("softmax", "float32", (4, 4)).mask == ""
+
+
+def brute_pairs(Sq, Skv, causal, offset):
+    return sum(1 for i in range(Sq) for j in range(Skv) if not causal or j <= i + offset)
+
+
+@pytest.mark.parametrize("Sq,Skv", [(1, 1), (1, 9), (5, 5), (7, 3), (3, 11), (16, 16), (13, 40)])
+def test_visible_pairs_are_counted_exactly(Sq, Skv):
+    assert cases.visible_pairs(Sq, Skv) == Sq * Skv
+    for offset in (0, Skv - Sq, -3, 5):
+        assert cases.visible_pairs(Sq, Skv, True, offset) == brute_pairs(Sq, Skv, True, offset), offset
+
+
+def test_attention_flops_and_bytes():
+    tl = cases.Case("attention", "float16", (2, 8, 2, 7, 3, 64), None, True)
+    br = cases.Case("attention", "float16", (2, 8, 2, 3, 11, 64), None, True, "bottom_right")
+    full = cases.Case("attention", "float16", (2, 8, 2, 7, 3, 64), None)
+    assert cases.flops(tl) == 4 * 2 * 8 * 64 * brute_pairs(7, 3, True, 0)
+    assert cases.flops(br) == 4 * 2 * 8 * 64 * brute_pairs(3, 11, True, 8)
+    assert cases.flops(full) == 4 * 2 * 8 * 64 * 21
+    big = cases.Case("attention", "bfloat16", ATTN_PREFILL[0], None, True)
+    S = 4096
+    assert cases.flops(big) == 4 * 4 * 16 * 128 * (S * (S + 1) // 2)
+    assert cases.flops(cases.Case("attention", "bfloat16", ATTN_PREFILL[0])) == 4 * 4 * 16 * 128 * S * S
+    # Q and O [B, Sq, Hq, D], K and V [B, Skv, Hkv, D], each moved once
+    dec = cases.Case("attention", "bfloat16", ATTN_DECODE[-1])
+    assert cases.bytes_moved(dec) == (2 * 64 * 1 * 32 * 128 + 2 * 64 * 32768 * 8 * 128) * 2
+    assert cases.reports_bandwidth(dec) and not cases.reports_bandwidth(big)
+    assert cases.reports_bandwidth(cases.Case("softmax", "float32", (4, 4)))
+
+
+def test_attention_tolerance():
+    c16 = cases.Case("attention", "float16", (1, 2, 2, 4, 4, 16))
+    c32 = cases.Case("attention", "float32", (1, 2, 2, 4, 4, 16))
+    assert cases.tolerance(c16, {}) == 2e-2 and cases.tolerance(c32, {}) == 1e-4
+    assert cases.tolerance(c16, {"attention": {"float16": 5e-3}}) == 5e-3
+    assert cases.tolerance(c32, {"attention": {"float16": 5e-3}}) == 1e-4
+
+
+def attention_cases(cs):
+    return {(tuple(c.shape), c.mask, c.dtype) for c in cs if c.op == "attention"}
+
+
+def test_attention_acceptance_set_in_full_suite_and_op_attention():
+    want = set()
+    for shape in ATTN_PREFILL:
+        want |= {(tuple(shape), m, d) for m in ("none", "causal") for d in ("float16", "bfloat16")}
+    want |= {(tuple(ATTN_GQA), "causal", d) for d in ("float16", "bfloat16")}
+    want |= {(tuple(s), "none", "bfloat16") for s in ATTN_DECODE}
+    assert len(want) == 14
+    assert attention_cases(cases.expand_cases(cases.OPS, "full")) == want
+    # the default (quick) run has no attention; --op attention is the acceptance set
+    assert not attention_cases(cases.expand_cases(cases.suite_ops("quick"), "quick"))
+    plan, settings = plan_for([])
+    assert not [c for c, _ in plan if c.op == "attention"] and "attention" not in settings["ops"]
+    plan, settings = plan_for(["--op", "attention"])
+    assert attention_cases([c for c, _ in plan]) == want and settings["ops"] == ["attention"]
+    plan, _ = plan_for(["--suite", "full"])
+    assert attention_cases([c for c, _ in plan]) == want
+    plan, _ = plan_for(["--op", "attn", "--suite", "full"])
+    assert attention_cases([c for c, _ in plan]) == want
+
+
+def test_attention_selection_options():
+    cs = cases.expand_cases(("attention",), "quick", masks=("causal",))
+    assert {c.mask for c in cs} == {"causal"} and len(cs) == 6
+    cs = cases.expand_cases(("attention",), "quick", dtypes=("float16",))
+    assert {c.dtype for c in cs} == {"float16"} and len(cs) == 5 + 4  # decode in fp16 too
+    shape = cases.parse_shape("B2xHq8xHkv2xSq3xSkv11xD64")
+    cs = cases.expand_cases(("attention",), "full", shapes=(shape,))
+    assert [(c.mask, c.dtype) for c in cs] == [("none", "float16"), ("none", "bfloat16")]
+    cs = cases.expand_cases(("attention",), "full", shapes=(shape,), dtypes=("float32",),
+                            masks=("causal_br", "none"))
+    assert [(c.mask, c.causal, c.causal_align) for c in cs] == [
+        ("causal_br", True, "bottom_right"), ("none", False, "top_left")]
+    # shapes go to the ops of their kind
+    cs = cases.expand_cases(("softmax", "attention"), "full", dtypes=("float16",),
+                            shapes=((64, 64), shape))
+    assert [(c.op, c.shape_str) for c in cs] == [("softmax", "64x64"),
+                                                 ("attention", "B2xHq8xHkv2xSq3xSkv11xD64")]
+    assert [c.op for c in cases.expand_cases(("softmax", "attention"), "full", shapes=((64, 64),))] \
+        == ["softmax"] * 3
+    with pytest.raises(ValueError, match="attention takes named dimensions"):
+        cases.expand_cases(("attention",), "full", shapes=((4, 16, 16, 64, 64, 128),))
+    with pytest.raises(ValueError, match="softmax takes plain dimensions"):
+        cases.expand_cases(("softmax",), "full", shapes=(shape,))
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--op", "softmax", "--causal", "causal"], "--causal: applies to attention only"),
+    (["--op", "attention", "--causal", "sideways"], "unknown mask"),
+    (["--op", "attention", "--shape", "B4xH16xS4096"], "missing D"),
+    (["--op", "attention", "--dtype", "int8"], "not supported"),
+    (["--op", "attention", "--impl", "torch-fast"], "unknown impl"),
+])
+def test_bad_attention_options_exit_2(argv, msg, capsys):
+    with pytest.raises(SystemExit) as exc:
+        plan_for(argv)
+    assert exc.value.code == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_attention_slow_rungs_and_baselines():
+    plan, _ = plan_for(["--op", "attention"])
+    by = {(c.shape_str, c.mask, c.dtype): {i.name: i for i in im} for c, im in plan}
+    prefill = by[(str(ATTN_PREFILL[0]), "none", "float16")]
+    assert list(prefill) == ["naive", "tiled", "flash_v1", "flash", "decode", "auto",
+                             "torch-flash", "torch-cudnn"]
+    # naive's 4 GiB of scores: skipped; the CUDA-core rungs run on every acceptance case;
+    # decode is not timed on 4096 query rows
+    assert "GiB of float32 scores" in prefill["naive"].skip
+    assert prefill["tiled"].skip is None and prefill["flash_v1"].skip is None
+    assert "4096 query rows > 16" in prefill["decode"].skip
+    assert [n for n, i in prefill.items() if i.kind == "baseline"] == ["torch-flash", "torch-cudnn"]
+    for impls in by.values():
+        assert impls["flash"].skip is None and impls["auto"].skip is None
+        assert impls["tiled"].skip is None and impls["flash_v1"].skip is None
+    decode = by[(str(ATTN_DECODE[-1]), "none", "bfloat16")]
+    assert not any(i.skip for i in decode.values())  # naive: 0.25 GiB of scores
+    assert [n for n, i in decode.items() if i.kind == "baseline"] == [
+        "torch-flash", "torch-cudnn", "torch-efficient", "torch-math"]
+    # above 2^40 FLOP the CUDA-core rungs are left out too
+    plan, _ = plan_for(["--op", "attention", "--shape", "B8xH32xS16384xD128"])
+    skipped = {i.name: i.skip for i in plan[0][1] if i.skip}
+    assert set(skipped) == {"naive", "tiled", "flash_v1", "decode"}
+    assert "TFLOP > 2^40 FLOP" in skipped["tiled"]
+    plan, _ = plan_for(["--op", "attention", "--no-skip-slow"])
+    assert not any(i.skip for _, im in plan for i in im)
+    # --skip-slow's element rule is not the attention rule
+    plan, _ = plan_for(["--op", "attention", "--skip-slow", "--slow-limit", "1",
+                        "--shape", "B1xH2xS64xD64"])
+    assert [i.name for _, im in plan for i in im if i.skip] == ["decode", "decode"]  # fp16, bf16
+
+
+def test_attention_requested_baselines():
+    pre = cases.Case("attention", "float16", ATTN_PREFILL[0])
+    dec = cases.Case("attention", "bfloat16", ATTN_DECODE[0])
+    names = lambda c, req: [i.name for i in cases.impls_for(c, VARIANTS["attention"], req)]  # noqa: E731
+    assert names(pre, ["flash", "torch"]) == ["flash", "torch-flash", "torch-cudnn"]
+    assert names(dec, ["torch"]) == ["torch-flash", "torch-cudnn", "torch-efficient", "torch-math"]
+    assert names(pre, ["torch-math", "auto"]) == ["auto", "torch-math"]
+    assert names(pre, ["flash"]) == ["flash"]
+    assert [i.name for i in cases.impls_for(pre, VARIANTS["attention"], baselines=False)][-1] == "auto"
+    cases.check_impl_names(["torch-cudnn", "flash_v1"], VARIANTS, ("attention",))
+
+
+def test_attention_left_out_until_registered(capsys):
+    def loader(ops):  # a cupyops whose ops.OPS has no attention yet
+        return {op: VARIANTS[op] for op in ops if op != "attention"}
+
+    parser = cli.build_parser()
+    plan, settings = cli.make_plan(parser.parse_args(["--suite", "full"]), parser, loader)
+    assert plan and not [c for c, _ in plan if c.op == "attention"]
+    assert "attention" not in settings["ops"]
+    with pytest.raises(SystemExit) as exc:
+        cli.make_plan(parser.parse_args(["--op", "attention"]), parser, loader)
+    assert exc.value.code == 2 and "attention is not registered" in capsys.readouterr().err
+
+
+def test_load_variants_skips_an_unregistered_attention(monkeypatch):
+    import cupyops.ops
+
+    got = cli.load_variants(("softmax", "attention"))
+    assert got["softmax"] == list(cupyops.variants("softmax"))
+    assert ("attention" in got) == ("attention" in cupyops.ops.OPS)
+    monkeypatch.setattr(cupyops.ops, "OPS", tuple(o for o in cupyops.ops.OPS if o != "attention"))
+    assert list(cli.load_variants(("softmax", "attention"))) == ["softmax"]
+
+
+def test_list_shows_attention_plan(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "load_variants", fake_variants)
+    assert cli.main(["--op", "attention", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert ("attention causal bfloat16 B1xHq32xHkv8xSq8192xSkv8192xD128: naive (skipped), tiled, "
+            "flash_v1, flash, decode (skipped), auto, torch-flash, torch-cudnn") in out
+    assert out.strip().endswith("14 cases, 100 impl runs")
+
+
+# --- the sampled reference
+def brute_attention(q, k, v, causal=False, offset=0, scale=None):
+    """O[b, i, h] by loops over keys, in float64: q [B, Sq, H, D], k/v [B, Skv, Hk, D]."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    B, Sq, H, D = q.shape
+    Skv, Hk = k.shape[1], k.shape[2]
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    out = np.zeros((B, Sq, H, D))
+    for b in range(B):
+        for h in range(H):
+            kh = h // (H // Hk)
+            for i in range(Sq):
+                keys = [j for j in range(Skv) if not causal or j <= i + offset]
+                if not keys:
+                    continue
+                s = [scale * float(q[b, i, h] @ k[b, j, kh]) for j in keys]
+                m = max(s)
+                w = [math.exp(x - m) for x in s]
+                out[b, i, h] = sum(wj * v[b, j, kh] for wj, j in zip(w, keys)) / sum(w)
+    return out
+
+
+def rand_attention(rng, B, Sq, Skv, H, Hk, D):
+    return (rng.standard_normal((B, Sq, H, D)), rng.standard_normal((B, Skv, Hk, D)),
+            rng.standard_normal((B, Skv, Hk, D)))
+
+
+@pytest.mark.parametrize("Sq,Skv,causal,align", [
+    (5, 5, False, "top_left"), (5, 5, True, "top_left"), (4, 9, True, "top_left"),
+    (4, 9, True, "bottom_right"), (9, 4, True, "bottom_right"),  # rows 0-4 see no key
+    (9, 4, True, "top_left"), (1, 13, False, "top_left"), (1, 13, True, "bottom_right"),
+])
+def test_reference_rows_matches_brute_force(Sq, Skv, causal, align):
+    from cupyops.bench import runners
+
+    rng = np.random.default_rng(Sq * 100 + Skv)
+    q, k, v = rand_attention(rng, 2, Sq, Skv, 4, 2, 8)  # GQA 4:2
+    offset = 0 if align == "top_left" else Skv - Sq
+    want = brute_attention(q, k, v, causal, offset)
+    rows = np.arange(Sq)
+    got = runners.reference_rows(q, k, v, rows, causal=causal, causal_align=align)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    # a subset of rows keeps each row's place in the mask (q_len: the whole problem's)
+    sub = np.array([0, Sq - 1]) if Sq > 1 else np.array([0])
+    got = runners.reference_rows(q[:, sub], k, v, sub, q_len=Sq, causal=causal, causal_align=align)
+    np.testing.assert_allclose(got, want[:, sub], rtol=1e-12, atol=1e-12)
+    if causal and align == "bottom_right" and Sq > Skv:
+        assert not np.any(want[:, : Sq - Skv]) and not np.any(got[:, 0])  # no key seen: zeros
+
+
+def test_reference_rows_on_a_gathered_sample_and_bf16():
+    import ml_dtypes
+
+    from cupyops.bench import runners
+
+    rng = np.random.default_rng(7)
+    shape = cases.AttnShape(3, 8, 2, 70, 90, 16)  # GQA 8:2, more rows than the sample
+    c = cases.Case("attention", "bfloat16", shape, None, True, "bottom_right")
+    q, k, v = (a.astype(ml_dtypes.bfloat16) for a in rand_attention(rng, 3, 70, 90, 8, 2, 16))
+    smp = cases.attention_sample(c, max_rows=16)
+    assert list(smp.batches) == [0, 2] and list(smp.heads) == [0, 1, 5, 7]
+    assert smp.rows[0] == 0 and smp.rows[-1] == 69 and len(smp.rows) == 16
+    assert list(smp.kv_heads[smp.kv_index]) == list(smp.heads // 4)
+    # what prepare() gathers on the GPU, gathered here with NumPy
+    qs = q[smp.batches][:, smp.rows][:, :, smp.heads]
+    ks = k[smp.batches][:, :, smp.kv_heads]
+    vs = v[smp.batches][:, :, smp.kv_heads]
+    got = runners.reference_rows(qs, ks, vs, smp.rows, q_len=70, kv_index=smp.kv_index,
+                                 causal=True, causal_align="bottom_right", scale=0.3)
+    want = brute_attention(q, k, v, True, 90 - 70, scale=0.3)
+    np.testing.assert_allclose(got, want[smp.batches][:, smp.rows][:, :, smp.heads],
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_attention_sample_shapes():
+    dec = cases.Case("attention", "bfloat16", ATTN_DECODE[-1])
+    smp = cases.attention_sample(dec)
+    assert list(smp.batches) == [0, 21, 42, 63] and list(smp.rows) == [0]
+    assert list(smp.heads) == [0, 1, 17, 31] and list(smp.kv_heads) == [0, 4, 7]
+    # head 17 reads key/value head 4 (17 // 4), not 17 % 8 = 1
+    assert list(smp.kv_heads[smp.kv_index]) == [0, 0, 4, 7]
+    pre = cases.Case("attention", "float16", ATTN_PREFILL[0], None, True)
+    smp = cases.attention_sample(pre)
+    assert list(smp.batches) == [0, 3] and len(smp.rows) == cases.ATTN_CHECK_ROWS
+    assert smp.rows[0] == 0 and smp.rows[-1] == 4095 and np.all(np.diff(smp.rows) > 0)
+    assert len(cases.attention_sample(pre, max_rows=0).rows) == 4096  # --check-limit 0
+    tiny = cases.Case("attention", "float32", (1, 1, 1, 3, 3, 8))
+    smp = cases.attention_sample(tiny)
+    assert list(smp.heads) == [0] and list(smp.rows) == [0, 1, 2] and list(smp.batches) == [0]
+
+
+def test_reference_rows_agrees_with_cupyops_reference():
+    from cupyops import reference
+    from cupyops.bench import runners
+
+    if not hasattr(reference, "attention"):
+        pytest.skip("cupyops.reference.attention is not there yet")
+    rng = np.random.default_rng(3)
+    q, k, v = rand_attention(rng, 2, 6, 10, 4, 2, 8)
+    for causal, align in ((False, "top_left"), (True, "top_left"), (True, "bottom_right")):
+        want = np.asarray(reference.attention(q, k, v, causal=causal, causal_align=align))
+        got = runners.reference_rows(q, k, v, np.arange(6), causal=causal, causal_align=align)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+# --- the SDPA baselines, against a fake torch (which forms a refusing backend falls back to)
+class FakeTensor:
+    def __init__(self, a):
+        self.a = np.asarray(a)
+
+    @property
+    def shape(self):
+        return self.a.shape
+
+    def transpose(self, i, j):
+        return FakeTensor(np.swapaxes(self.a, i, j))
+
+    def contiguous(self):
+        return FakeTensor(np.ascontiguousarray(self.a))
+
+    def repeat_interleave(self, n, dim):
+        return FakeTensor(np.repeat(self.a, n, axis=dim))
+
+
+def fake_torch(refuse):
+    """A torch module tree just deep enough for runners.sdpa_call. ``refuse``: backend name
+    -> set of "strided" (non-contiguous inputs), "gqa" (enable_gqa) or "all"."""
+    import enum
+    import types
+    import warnings
+
+    Backend = enum.Enum("SDPBackend", "FLASH_ATTENTION CUDNN_ATTENTION EFFICIENT_ATTENTION MATH")
+    state = {"backend": None, "calls": []}
+
+    class sdpa_kernel:  # noqa: N801
+        def __init__(self, backend):
+            self.backend = backend
+
+        def __enter__(self):
+            state["backend"] = self.backend
+
+        def __exit__(self, *exc):
+            state["backend"] = None
+
+    class LowerRight:
+        def __init__(self, sq, skv):
+            self.offset = skv - sq
+
+    def sdpa(q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
+        name = state["backend"].name
+        bad = refuse.get(name, set())
+        strided = any(not t.a.flags.c_contiguous for t in (q, k, v))
+        if "all" in bad or (strided and "strided" in bad) or (enable_gqa and "gqa" in bad):
+            where = " (Triggered internally at /pytorch/aten/src/sdp_utils.cpp:986.)"
+            warnings.warn(f"{name} kernel not used because:{where}")
+            warnings.warn(f"Memory Efficient attention has been runtime disabled.{where}")
+            warnings.warn(f"{name} refuses this input{where}\nsecond line")
+            raise RuntimeError("No available kernel. Aborting execution.\nmore detail")
+        state["calls"].append((name, strided, enable_gqa))
+        H, Hk = q.shape[1], k.shape[1]
+        if H != Hk and not enable_gqa:
+            raise RuntimeError("head counts differ")
+        offset = attn_mask.offset if attn_mask is not None else 0
+        from cupyops.bench import runners
+
+        o = runners.reference_rows(
+            q.a.transpose(0, 2, 1, 3), k.a.transpose(0, 2, 1, 3), v.a.transpose(0, 2, 1, 3),
+            np.arange(q.shape[2]), causal=is_causal or attn_mask is not None,
+            causal_align="bottom_right" if offset else "top_left")
+        return FakeTensor(o.transpose(0, 2, 1, 3))  # SDPA's [B, H, S, D]
+
+    torch = types.ModuleType("torch")
+    torch.from_dlpack = FakeTensor
+    torch.nn = types.ModuleType("torch.nn")
+    torch.nn.functional = types.SimpleNamespace(scaled_dot_product_attention=sdpa)
+    torch.nn.attention = types.ModuleType("torch.nn.attention")
+    torch.nn.attention.SDPBackend = Backend
+    torch.nn.attention.sdpa_kernel = sdpa_kernel
+    torch.nn.attention.bias = types.ModuleType("torch.nn.attention.bias")
+    torch.nn.attention.bias.causal_lower_right = LowerRight
+    torch.cuda = types.SimpleNamespace(current_stream=lambda: types.SimpleNamespace(
+        synchronize=lambda: None))
+    modules = {"torch": torch, "torch.nn": torch.nn, "torch.nn.attention": torch.nn.attention,
+               "torch.nn.attention.bias": torch.nn.attention.bias}
+    return torch, modules, state
+
+
+def attention_data(shape, causal=False, align="top_left", seed=0):
+    from cupyops.bench import runners
+
+    c = cases.Case("attention", "float32", shape, None, causal, align)
+    B, Hq, Hkv, Sq, Skv, D = c.shape
+    rng = np.random.default_rng(seed)
+    q, k, v = rand_attention(rng, B, Sq, Skv, Hq, Hkv, D)
+    return runners.CaseData(c, q, k=k, v=v), brute_attention(q, k, v, causal, c.causal_offset)
+
+
+@pytest.mark.parametrize("refuse,note", [
+    ({}, None),
+    ({"FLASH_ATTENTION": {"strided"}}, "contiguous copies (made before timing)"),
+    ({"FLASH_ATTENTION": {"gqa"}}, "K/V heads repeated for GQA (made before timing)"),
+    ({"FLASH_ATTENTION": {"gqa", "strided"}},
+     "contiguous copies, K/V heads repeated for GQA (made before timing)"),
+])
+def test_sdpa_call_falls_back_outside_the_timed_call(monkeypatch, refuse, note):
+    from cupyops.bench import runners
+
+    torch, modules, state = fake_torch(refuse)
+    for name, mod in modules.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    data, want = attention_data(cases.AttnShape(2, 4, 2, 5, 7, 8), True, "bottom_right")
+    call = runners.baseline_call(data, "torch-flash", torch)
+    assert call.note == note
+    with call.context():
+        y = call()
+    assert state["calls"][-1][0] == "FLASH_ATTENTION"
+    np.testing.assert_allclose(y.a.transpose(0, 2, 1, 3), want, rtol=1e-12, atol=1e-12)
+
+
+def test_sdpa_refusal_is_reported_in_one_line(monkeypatch):
+    from cupyops.bench import runners, timing
+
+    torch, modules, _ = fake_torch({"CUDNN_ATTENTION": {"all"}})
+    for name, mod in modules.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    data, _ = attention_data(cases.AttnShape(1, 2, 2, 3, 3, 8))
+    with pytest.raises(RuntimeError, match="SDPA CUDNN_ATTENTION refused the case") as exc:
+        runners.baseline_call(data, "torch-cudnn", torch)
+    assert "No available kernel. Aborting execution." in str(exc.value)
+    assert "(CUDNN_ATTENTION refuses this input; second line)" in str(exc.value)
+    for noise in ("because:", "Triggered", "runtime disabled", "more detail"):
+        assert noise not in str(exc.value), noise
+
+    # in the run: a skipped row naming why, never a crash; a backend that runs is timed
+    monkeypatch.setattr(runners, "check", lambda data, y: 1e-7)
+    monkeypatch.setattr(timing, "time_gpu", lambda fn, **kw: timing.Timing(2.0, 1.5, 3))
+    args = cli.build_parser().parse_args([])
+    row = lambda impl, status="ok", note=None, **kw: dict(impl=impl.name, status=status, note=note, **kw)  # noqa: E731
+    data.tol = 1e-4
+    r = cli.run_baseline(data, cases.Impl("torch-cudnn", "baseline"), args, None, torch, row)
+    assert r["status"] == "skipped" and "\n" not in r["note"]
+    assert r["note"].startswith("unavailable: RuntimeError: SDPA CUDNN_ATTENTION refused")
+    r = cli.run_baseline(data, cases.Impl("torch-flash", "baseline"), args, None, torch, row)
+    assert (r["status"], r["note"], r["ms"]) == ("ok", None, 2.0)
+    r = cli.run_baseline(data, cases.Impl("torch-math", "baseline"), args, None, None, row)
+    assert r["status"] == "skipped" and "PyTorch with CUDA is not available" in r["note"]
+
+
+def test_cupyops_attention_call(monkeypatch):
+    import cupyops
+    from cupyops.bench import runners
+
+    seen = {}
+
+    def fake_attention(q, k, v, **kw):
+        seen.update(kw, qkv=(q, k, v))
+        return "O"
+
+    monkeypatch.setattr(cupyops, "attention", fake_attention, raising=False)
+    data, _ = attention_data(cases.AttnShape(1, 2, 2, 3, 3, 8), True, "bottom_right")
+    assert runners.cupyops_call(data, "flash")(out="buf") == "O"
+    assert seen["qkv"] == (data.x, data.k, data.v)
+    assert {k: seen[k] for k in ("causal", "causal_align", "out", "impl")} == {
+        "causal": True, "causal_align": "bottom_right", "out": "buf", "impl": "flash"}
+
+
+def test_run_case_rows_for_attention(monkeypatch):
+    """The row plumbing of one attention case, with the GPU parts faked: the rows carry
+    the mask and the dimensions, and finalize turns them into the report's numbers."""
+    from cupyops.bench import runners, timing
+
+    torch, modules, _ = fake_torch({"CUDNN_ATTENTION": {"all"}})
+    for name, mod in modules.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    shape = cases.AttnShape(2, 4, 2, 1, 64, 8)
+    case = cases.Case("attention", "float32", shape, None)
+    data, _ = attention_data(shape)
+    data.tol = 1e-4
+    monkeypatch.setattr(runners, "prepare", lambda case, seed, check_limit: data)
+    monkeypatch.setattr(runners, "cupyops_call", lambda data, impl: lambda out=None: None)
+    monkeypatch.setattr(runners, "validate_cupyops", lambda data, call: (1e-6, None))
+    monkeypatch.setattr(runners, "check", lambda data, y: 1e-7)
+    monkeypatch.setattr(timing, "time_gpu", lambda fn, **kw: timing.Timing(0.5, 0.4, 3))
+    args = cli.build_parser().parse_args(["--op", "attention"])
+    impls = cases.impls_for(case, VARIANTS["attention"], skip_slow=True)
+    rows = report.finalize(cli.run_case(case, impls, args, None, torch), copy_gbps=3000.0)
+    by = {r["impl"]: r for r in rows}
+    assert list(by) == ["naive", "tiled", "flash_v1", "flash", "decode", "auto", "torch-flash",
+                        "torch-cudnn", "torch-efficient", "torch-math"]
+    r = by["decode"]
+    assert (r["mask"], r["decode"], r["Skv"], r["Hkv"], r["shape"]) == ("none", True, 64, 2,
+                                                                        "B2xHq4xHkv2xSq1xSkv64xD8")
+    assert r["flops"] == cases.flops(case) and r["bytes"] == cases.bytes_moved(case)
+    assert r["gbps"] == pytest.approx(cases.bytes_moved(case) / 0.5e-3 / 1e9)
+    assert by["torch-cudnn"]["status"] == "skipped" and by["torch-flash"]["status"] == "ok"
+    assert r["speedups"] == {"torch-flash": 1.0, "torch-efficient": 1.0, "torch-math": 1.0}
+
+
+# --- reporting attention
+def attention_rows():
+    def base(shape, mask, decode, flops, nbytes):
+        return {"op": "attention", "axis": None, "dtype": "bfloat16", "shape": shape, "mask": mask,
+                "decode": decode, "bytes": nbytes, "flops": flops, "gbps_meaningful": decode,
+                "ms_min": None, "repeats": 20, "tolerance": 2e-2, "rel_error": 3e-3, "note": None}
+
+    pre = "B4xHq16xHkv16xSq4096xSkv4096xD128"
+    dec = "B16xHq32xHkv8xSq1xSkv4096xD128"
+    rows = []
+    for mask, fl in (("none", 5.5e11), ("causal", 2.75e11)):
+        b = base(pre, mask, False, fl, 2.7e8)
+        rows += [dict(b, impl="naive", kind="variant", ms=None, rel_error=None, status="skipped",
+                      note="slow rung: 4.0 GiB of float32 scores > 2 GiB"),
+                 dict(b, impl="flash", kind="variant", ms=1.0, status="ok"),
+                 dict(b, impl="auto", kind="auto", ms=1.0, status="ok"),
+                 dict(b, impl="torch-flash", kind="baseline", ms=1.6, status="ok"),
+                 dict(b, impl="torch-cudnn", kind="baseline", ms=0.8 if mask == "none" else 2.0,
+                      status="ok")]
+    b = base(dec, "none", True, 1.07e9, 2.7e8)
+    rows += [dict(b, impl="decode", kind="variant", ms=0.1, status="ok"),
+             dict(b, impl="auto", kind="auto", ms=0.1, status="ok"),
+             dict(b, impl="torch-flash", kind="baseline", ms=0.12, status="ok",
+                  note="K/V heads repeated for GQA (made before timing)"),
+             dict(b, impl="torch-cudnn", kind="baseline", ms=None, status="skipped",
+                  note="unavailable: RuntimeError: SDPA CUDNN_ATTENTION refused the case"),
+             dict(b, impl="torch-efficient", kind="baseline", ms=0.09, status="ok"),
+             dict(b, impl="torch-math", kind="baseline", ms=0.5, status="ok")]
+    return rows
+
+
+def test_attention_report_rows():
+    rows = report.finalize(attention_rows(), copy_gbps=3000.0)
+    by = {(r["mask"], r["shape"][:3], r["impl"]): r for r in rows}
+    flash = by[("none", "B4x", "flash")]
+    assert flash["tflops"] == pytest.approx(5.5e11 / 1e-3 / 1e12)
+    assert flash["gbps"] is None and flash["pct_copy_bw"] is None  # prefill: compute-bound
+    # best baseline per case and mask: cuDNN unmasked, flash causal
+    assert flash["baseline"] == "torch-cudnn" and flash["speedup_vs_best_baseline"] == pytest.approx(0.8)
+    assert flash["speedups"] == pytest.approx({"torch-flash": 1.6, "torch-cudnn": 0.8})
+    causal = by[("causal", "B4x", "flash")]
+    assert causal["baseline"] == "torch-flash" and causal["speedups"]["torch-cudnn"] == pytest.approx(2.0)
+    dec = by[("none", "B16", "decode")]
+    assert dec["gbps"] == pytest.approx(2.7e8 / 1e-4 / 1e9) and dec["pct_copy_bw"] == pytest.approx(90.0)
+    assert dec["baseline"] == "torch-efficient" and dec["speedup_vs_best_baseline"] == pytest.approx(0.9)
+    assert set(dec["speedups"]) == {"torch-flash", "torch-efficient", "torch-math"}
+    assert "torch-flash" not in by[("none", "B4x", "torch-flash")]["speedups"]
+
+    text = report.format_table(rows)
+    lines = text.splitlines()
+    assert "axis/mask" in lines[0] and "vs each base" in lines[0]
+    line = next(ln for ln in lines if " flash " in ln and " causal " in ln)
+    assert "flash 1.60x cudnn 2.00x" in line and "1.60x" in line
+    assert any("ok (K/V heads repeated for GQA" in ln for ln in lines)
+    assert any("skipped: unavailable: RuntimeError: SDPA CUDNN" in ln for ln in lines)
+    # a blank line between the three cases (the masks are different cases)
+    assert lines.count("") == 2
+    md = report.format_markdown(dict(meta(), settings=dict(meta()["settings"], ops=["attention"])), rows)
+    assert "| attention | causal | flash | bfloat16 | B4xHq16xHkv16xSq4096xSkv4096xD128 |" in md
+    assert "- attention: q [B, Sq, Hq, D]" in md and "torch-cudnn" in md and "2^40 FLOP" in md
+    assert "attention" not in "\n".join(report.header_lines(meta()))
+    doc = json.loads(report.to_json(meta(), rows))
+    assert doc["results"][1]["speedups"]["torch-cudnn"] == pytest.approx(0.8)
+    assert doc["results"][1]["mask"] == "none"
+
+
+def test_summarize_attention_tables(tmp_path):
+    rows = report.finalize(attention_rows(), copy_gbps=3000.0)
+    doc = dict(meta(), results=rows)
+    path = tmp_path / "attention.json"
+    path.write_text(report.to_json(doc, rows))
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "summarize.py"), str(path)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "| op | axis |" not in out  # no memory-bound case, no memory-bound table
+    assert "| dtype | shape | mask | flash ms | flash TFLOP/s | vs torch-flash | vs torch-cudnn |" in out
+    assert ("| bfloat16 | B4xHq16xHkv16xSq4096xSkv4096xD128 | none | 1.0000 | 550.0 | 1.60x | 0.80x "
+            "| 550.0 | 0.80x | torch-cudnn | 1.00 |") in out
+    assert ("| bfloat16 | B16xHq32xHkv8xSq1xSkv4096xD128 | none | 0.1000 | 2700 | 90.0 | 10.70 | "
+            "torch-efficient | 0.90x | 0.90x | 1.00 **miss** |") in out
+    assert out.strip().endswith("1 case(s) miss a target or a baseline: attention decode bfloat16 "
+                                "B16xHq32xHkv8xSq1xSkv4096xD128 vs best SDPA")
 
 
 def test_bench_modules_do_not_import_cupy():

@@ -381,8 +381,11 @@ def axis_choices(ndim):
 # ============================================================================ tests
 def test_warmup_compiles_every_kernel_file():
     # first in the file: the NVRTC compiles (or disk-cache loads) happen here
-    assert sorted(cupyops.warmup()) == ["gemm_mma.cu", "gemm_simt.cu", "gemm_skinny.cu", "norm.cu",
-                                        "reduce.cu", "softmax.cu"]
+    attention = [kf.filename for kf in cupyops.ops.attention.KERNEL_FILES]  # one file per registered rung module
+    assert attention[0] == "attention.cu"
+    assert sorted(cupyops.warmup()) == sorted(["gemm_mma.cu", "gemm_simt.cu", "gemm_skinny.cu", "norm.cu",
+                                               "reduce.cu", "softmax.cu", *attention])
+    assert cupyops.warmup("attention") == attention
     assert cupyops.warmup("matmul") == ["gemm_simt.cu", "gemm_mma.cu", "gemm_skinny.cu"]
     assert cupyops.warmup("softmax") == ["softmax.cu"]
     assert cupyops.warmup(["trace", "sum", "max"]) == ["reduce.cu"]
@@ -624,7 +627,7 @@ def test_softmax_huge_magnitudes_are_nearly_one_hot(op, impl, dtype, n):
 
 
 # ---------------------------------------------------------------------------- API behaviour
-@pytest.mark.parametrize("op", [op for op in cupyops.OPS if op not in ("matmul", "gemm")])  # test_gpu_gemm.py
+@pytest.mark.parametrize("op", [op for op in cupyops.OPS if op not in ("matmul", "gemm", "attention")])  # test_gpu_gemm.py, test_gpu_attention.py
 def test_numpy_in_numpy_out_and_cupy_in_cupy_out(op):
     rng = np.random.default_rng()
     for mode in ("numpy", "cupy"):

@@ -6,11 +6,17 @@ parse error is a ValueError whose message names the option and lists what it acc
 the CLI turns it into a usage error.
 """
 import math
+import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-OPS = ("trace", "sum", "max", "softmax", "layer_norm", "rms_norm", "matmul")
+OPS = ("trace", "sum", "max", "softmax", "layer_norm", "rms_norm", "matmul", "attention")
+# Ops that a cupyops build may not register yet: offered only when cupyops.variants()
+# knows them (the CLI drops them from the default selection, and names them in an error
+# when asked for by --op).
+OPTIONAL_OPS = ("attention",)
 _OP_ALIASES = {
     "amax": "max",
     "layernorm": "layer_norm",
@@ -18,6 +24,8 @@ _OP_ALIASES = {
     "rmsnorm": "rms_norm",
     "rms-norm": "rms_norm",
     "gemm": "matmul",
+    "attn": "attention",
+    "sdpa": "attention",
 }
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -30,6 +38,7 @@ OP_DTYPES = {
     "layer_norm": FLOAT_DTYPES,
     "rms_norm": FLOAT_DTYPES,
     "matmul": FLOAT_DTYPES + ("int8",),
+    "attention": FLOAT_DTYPES,
 }
 _DTYPE_ALIASES = {
     "fp32": "float32", "f32": "float32", "float": "float32",
@@ -50,15 +59,24 @@ BASELINES = {
     "layer_norm": ("torch",),
     "rms_norm": ("torch",),
     "matmul": ("cupy", "torch"),  # cupy.matmul = cuBLAS (TF32 off); int8: torch._int_mm
+    # torch.nn.functional.scaled_dot_product_attention, one row per backend (sdpa_kernel);
+    # prefill cases get the two fast ones, decode cases all four (see attention_baselines)
+    "attention": ("torch-flash", "torch-cudnn", "torch-efficient", "torch-math"),
 }
-BASELINE_NAMES = ("cupy", "torch")
+# SDPA backend of each attention baseline: the name in torch.nn.attention.SDPBackend
+SDPA_BACKENDS = {"torch-flash": "FLASH_ATTENTION", "torch-cudnn": "CUDNN_ATTENTION",
+                 "torch-efficient": "EFFICIENT_ATTENTION", "torch-math": "MATH"}
+BASELINE_NAMES = ("cupy", "torch", *SDPA_BACKENDS)
 
 # Which reference.TOLERANCE table applies. Softmax goes with the norms: it divides by a
 # row sum after an exp, so float32 lands near 1e-6..1e-5, above the pure-reduction bar.
 TOLERANCE_KIND = {
     "trace": "reduce", "sum": "reduce", "max": "reduce",
     "softmax": "norm", "layer_norm": "norm", "rms_norm": "norm", "matmul": "gemm",
+    "attention": "attention",
 }
+# Used when reference.TOLERANCE has no "attention" table (yet) for the dtype.
+ATTENTION_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 2e-2}
 NORM_EPS = {"layer_norm": 1e-5, "rms_norm": 1e-6}
 
 # Reductions are benchmarked along the last axis; sum also over the whole array.
@@ -78,32 +96,94 @@ _LLM_GEMMS = ((1, 4096, 4096), (16, 4096, 4096), (1, 11008, 4096), (4096, 4096, 
               (8192, 8192, 8192))
 _SQUARE_GEMMS = ((4096, 4096, 4096), (8192, 8192, 8192))
 _TRACE_SHAPE = (5977, 7890)  # awkward, non-square: the acceptance shape for trace
-# suite -> op ("*" = any other op) -> (shapes, dtypes)
+
+
+class AttnShape(NamedTuple):
+    """An attention problem's sizes: q [B, Sq, Hq, D], k and v [B, Skv, Hkv, D] ("bshd").
+    Spelled with named dimensions, B4xHq16xHkv16xSq4096xSkv4096xD128 (see
+    parse_attention_shape), so it can never be mistaken for a 6-D array shape."""
+
+    B: int
+    Hq: int
+    Hkv: int
+    Sq: int
+    Skv: int
+    D: int
+
+    def __str__(self):
+        return (f"B{self.B}xHq{self.Hq}xHkv{self.Hkv}xSq{self.Sq}xSkv{self.Skv}"
+                f"xD{self.D}")
+
+
+# Attention masks: name -> (causal, causal_align) as cupyops.attention takes them. "causal"
+# is PyTorch SDPA's is_causal (row i sees keys j <= i); "causal_br" aligns the mask to the
+# bottom right (row i sees j <= i + Skv - Sq: the KV-cache convention).
+MASKS = {"none": (False, "top_left"), "causal": (True, "top_left"),
+         "causal_br": (True, "bottom_right")}
+_MASK_ALIASES = {
+    "none": "none", "no": "none", "off": "none", "false": "none", "0": "none",
+    "full": "none", "noncausal": "none", "non-causal": "none",
+    "causal": "causal", "yes": "causal", "on": "causal", "true": "causal", "1": "causal",
+    "top_left": "causal", "top-left": "causal", "tl": "causal",
+    "causal_br": "causal_br", "causal-br": "causal_br", "bottom_right": "causal_br",
+    "bottom-right": "causal_br", "br": "causal_br",
+}
+# At most this many query rows is a decode (KV-cache) case: memory-bound, reported in GB/s
+# too, and the only cases the decode rung is timed on.
+DECODE_MAX_Q = 16
+# The issue's acceptance cases: (shape, masks, dtypes). Prefill: MHA with D = 128 and
+# D = 64, causal and not, and GQA 32:8 at 8192 tokens (causal, as in a decoder's prefill);
+# decode: one new token per sequence against a 4K or 32K KV cache, batch 16 and 64, GQA
+# 32:8. For Sq = 1 a bottom-right causal mask sees every key: decode runs unmasked.
+_HALF = ("float16", "bfloat16")
+ATTENTION_CASES = (
+    (AttnShape(4, 16, 16, 4096, 4096, 128), ("none", "causal"), _HALF),
+    (AttnShape(4, 32, 32, 4096, 4096, 64), ("none", "causal"), _HALF),
+    (AttnShape(1, 32, 8, 8192, 8192, 128), ("causal",), _HALF),
+    *((AttnShape(b, 32, 8, 1, skv, 128), ("none",), ("bfloat16",))
+      for b in (16, 64) for skv in (4096, 32768)),
+)
+# suite -> op ("*" = any other op) -> (shapes, dtypes); attention: ATTENTION_CASES
 SUITES = {
     # One mid-size shape, the 4-byte and the bf16 path: a smoke run of every rung that
-    # still fills the GPU (64 MiB of float32 is above any L2).
+    # still fills the GPU (64 MiB of float32 is above any L2). Attention is not in the
+    # default selection of this suite (SUITE_OPS): `--op attention` runs its acceptance set.
     "quick": {
         "trace": ((_TRACE_SHAPE,), ("float32",)),
         "matmul": (_LLM_GEMMS, ("float16", "bfloat16")),
+        "attention": ATTENTION_CASES,
         "*": (((4096, 4096),), ("float32", "bfloat16")),
     },
     # The acceptance shapes: square-ish, many short rows, few very long rows.
     "full": {
         "trace": ((_TRACE_SHAPE,), ("float32",)),
         "matmul": (_LLM_GEMMS + _SQUARE_GEMMS[:1], FLOAT_DTYPES + ("int8",)),
+        "attention": ATTENTION_CASES,
         "*": (_BIG_SHAPES, FLOAT_DTYPES),
     },
 }
+# The ops a suite runs when no --op is given.
+SUITE_OPS = {"quick": tuple(op for op in OPS if op != "attention"), "full": OPS}
 
 
 @dataclass(frozen=True)
 class Case:
-    """One input to time every impl on: op, dtype, shape and (for reductions) axis."""
+    """One input to time every impl on: op, dtype, shape and (for reductions) axis;
+    attention: an AttnShape and its mask (causal, causal_align)."""
 
     op: str
     dtype: str
     shape: tuple
     axis: object = -1  # -1, or None for a reduction over everything (trace: None)
+    causal: bool = False  # attention only
+    causal_align: str = "top_left"  # attention only: "top_left" | "bottom_right"
+
+    def __post_init__(self):
+        if self.op == "attention":
+            object.__setattr__(self, "shape", AttnShape(*self.shape))
+            object.__setattr__(self, "axis", None)
+            if not self.causal:  # one spelling per mask, so equal cases compare equal
+                object.__setattr__(self, "causal_align", "top_left")
 
     @property
     def numel(self):
@@ -134,22 +214,44 @@ class Case:
         )
 
     @property
+    def mask(self):
+        """Attention: "none", "causal" (top-left) or "causal_br"; "" for the other ops."""
+        if self.op != "attention":
+            return ""
+        if not self.causal:
+            return "none"
+        return "causal" if self.causal_align == "top_left" else "causal_br"
+
+    @property
+    def causal_offset(self):
+        """Attention: row i sees keys j <= i + causal_offset (the kernels' contract)."""
+        return 0 if self.causal_align == "top_left" else self.shape.Skv - self.shape.Sq
+
+    @property
+    def decode(self):
+        """Attention with at most DECODE_MAX_Q query rows: the memory-bound KV-cache case."""
+        return self.op == "attention" and self.shape.Sq <= DECODE_MAX_Q
+
+    @property
     def shape_str(self):
+        if self.op == "attention":
+            return str(self.shape)
         return "x".join(str(d) for d in self.shape)
 
     @property
     def axis_str(self):
-        if self.op in ("trace", "matmul"):
+        if self.op in ("trace", "matmul", "attention"):
             return ""
         return "all" if self.axis is None else str(self.axis)
 
     @property
     def key(self):
-        return (self.op, self.axis_str, self.dtype, self.shape_str)
+        return (self.op, self.axis_str, self.dtype, self.shape_str, self.mask)
 
     def __str__(self):
         axis = f" axis={self.axis_str}" if self.axis_str else ""
-        return f"{self.op}{axis} {self.dtype} {self.shape_str}"
+        mask = f" {self.mask}" if self.mask else ""
+        return f"{self.op}{axis}{mask} {self.dtype} {self.shape_str}"
 
 
 @dataclass(frozen=True)
@@ -214,8 +316,11 @@ def parse_dtypes(values, ops=OPS):
 
 
 def parse_shape(text):
-    """'16384x8192' -> (16384, 8192). 'x', 'X' and '*' all separate dimensions."""
+    """'16384x8192' -> (16384, 8192). 'x', 'X' and '*' all separate dimensions. A shape
+    with named dimensions is an attention shape (parse_attention_shape)."""
     t = text.strip().lower().replace("*", "x")
+    if re.search(r"[a-wyz]", t):  # letters other than the separator: named dimensions
+        return parse_attention_shape(text)
     parts = t.split("x")
     try:
         dims = tuple(int(p) for p in parts)
@@ -223,8 +328,61 @@ def parse_shape(text):
         dims = ()
     if not dims or any(d <= 0 for d in dims):
         raise ValueError(f"--shape: cannot parse {text!r}; expected positive dimensions "
-                         f"joined by 'x', e.g. 16384x8192")
+                         f"joined by 'x', e.g. 16384x8192 (attention: named, e.g. "
+                         f"B4xHq16xHkv16xSq4096xSkv4096xD128)")
     return dims
+
+
+_ATTN_DIMS = {"b": ("B",), "hq": ("Hq",), "hkv": ("Hkv",), "h": ("Hq", "Hkv"),
+              "sq": ("Sq",), "skv": ("Skv",), "s": ("Sq", "Skv"), "d": ("D",)}
+
+
+def parse_attention_shape(text):
+    """'B4xHq16xHkv16xSq4096xSkv4096xD128' -> AttnShape(4, 16, 16, 4096, 4096, 128).
+
+    Named dimensions joined by 'x', in any order, case-insensitive: B (batch), Hq and Hkv
+    (query and key/value heads; H sets both), Sq and Skv (query and key/value lengths;
+    S sets both), D (head_dim). Hkv defaults to Hq; Hq must be a multiple of Hkv (GQA)."""
+    err = (f"--shape: cannot parse attention shape {text!r}; expected named dimensions "
+           f"joined by 'x', e.g. B4xHq16xHkv16xSq4096xSkv4096xD128 or B4xH16xS4096xD128 "
+           f"(B batch, Hq/Hkv heads, Sq/Skv lengths, D head_dim)")
+    dims = {}
+    for part in text.strip().lower().replace("*", "x").split("x"):
+        m = re.fullmatch(r"([a-z]+)(\d+)", part)
+        if not m or m.group(1) not in _ATTN_DIMS:
+            raise ValueError(err)
+        value = int(m.group(2))
+        if value <= 0:
+            raise ValueError(f"{err}; {part!r} must be positive")
+        for name in _ATTN_DIMS[m.group(1)]:
+            if name in dims:
+                raise ValueError(f"{err}; {name} is given twice")
+            dims[name] = value
+    dims.setdefault("Hkv", dims.get("Hq"))
+    missing = [n for n in AttnShape._fields if dims.get(n) is None]
+    if missing:
+        raise ValueError(f"{err}; missing {', '.join(missing)}")
+    if dims["Hq"] % dims["Hkv"]:
+        raise ValueError(f"--shape: {text!r}: Hq ({dims['Hq']}) must be a multiple of Hkv "
+                         f"({dims['Hkv']})")
+    return AttnShape(**dims)
+
+
+def parse_masks(values):
+    """--causal: attention masks, e.g. 'none,causal' -> ('none', 'causal')."""
+    items = split_list(values)
+    if not items:
+        return None
+    masks = []
+    for item in items:
+        mask = _MASK_ALIASES.get(item.lower())
+        if mask is None:
+            raise ValueError(f"--causal: unknown mask {item!r}; expected none, causal "
+                             f"(top_left, PyTorch's is_causal) or causal_br (bottom_right, "
+                             f"the KV-cache alignment)")
+        if mask not in masks:
+            masks.append(mask)
+    return tuple(masks)
 
 
 def parse_shapes(values):
@@ -269,13 +427,38 @@ def suite_spec(suite, op):
     return table.get(op, table["*"])
 
 
-def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None):
-    """Every (op, axis, shape, dtype) to run. Explicit dtypes/shapes/axes replace the
-    suite's; a dtype an op does not take is left out for that op only."""
+def suite_ops(suite):
+    """The ops a suite runs when --op is not given (quick leaves attention out)."""
+    suite_spec(suite, "*")  # the unknown-suite error
+    return SUITE_OPS[suite]
+
+
+def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None, masks=None):
+    """Every (op, axis, shape, dtype) to run (attention: (shape, mask, dtype)). Explicit
+    dtypes/shapes/axes/masks replace the suite's; a dtype an op does not take is left out
+    for that op only. Attention shapes (named dimensions) go to attention only, the
+    others to the other ops; when several ops are selected, an op given no shape of its
+    kind is left out."""
     cases = []
     for op in ops:
+        if shapes:
+            mine = [s for s in shapes if isinstance(s, AttnShape) == (op == "attention")]
+            if not mine:
+                if len(ops) > 1:
+                    continue
+                if op == "attention":
+                    raise ValueError("--shape: attention takes named dimensions, e.g. "
+                                     "B4xHq16xHkv16xSq4096xSkv4096xD128")
+                raise ValueError(f"--shape: {op} takes plain dimensions (e.g. 16384x8192), "
+                                 f"not an attention shape")
+            shapes_for_op = tuple(mine)
+        else:
+            shapes_for_op = None
+        if op == "attention":
+            cases += _attention_cases(suite, dtypes, shapes_for_op, masks)
+            continue
         suite_shapes, suite_dtypes = suite_spec(suite, op)
-        op_shapes = shapes or suite_shapes
+        op_shapes = shapes_for_op or suite_shapes
         op_dtypes = [d for d in (dtypes or suite_dtypes) if d in OP_DTYPES[op]]
         if op in DEFAULT_AXES:
             op_axes = axes or DEFAULT_AXES[op]
@@ -296,6 +479,28 @@ def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None):
             for shape in op_shapes:
                 for dtype in op_dtypes:
                     cases.append(Case(op, dtype, tuple(shape), axis))
+    return cases
+
+
+def _attention_cases(suite, dtypes, shapes, masks):
+    """The suite's attention cases, or each explicit shape under --causal's masks (default
+    unmasked) in --dtype's dtypes (default float16 and bfloat16). --dtype and --causal
+    also filter/replace the suite's."""
+    if shapes:
+        entries = [(s, masks or ("none",), _HALF) for s in shapes]
+    else:
+        entries = []
+        for shape, suite_masks, suite_dtypes in suite_spec(suite, "attention"):
+            m = tuple(x for x in suite_masks if x in masks) if masks else suite_masks
+            if m:
+                entries.append((shape, m, suite_dtypes))
+    cases = []
+    for shape, shape_masks, shape_dtypes in entries:
+        for mask in shape_masks:
+            causal, align = MASKS[mask]
+            for dtype in (dtypes or shape_dtypes):
+                if dtype in OP_DTYPES["attention"]:
+                    cases.append(Case("attention", dtype, shape, None, causal, align))
     return cases
 
 
@@ -322,25 +527,79 @@ def is_slow_rung(name, ladder):
 # out unless --no-skip-slow, in every suite (the default suite has 8192^3 products).
 GEMM_SLOW_LIMIT = 2**31
 
+# Attention's slow rungs, left out unless --no-skip-slow (in every suite, as for GEMM):
+# - naive materialises the B*Hq*Sq*Skv float32 score matrix in device memory: past 2 GiB
+#   (every prefill acceptance case holds 4-8 GiB of scores) it is a memory hog whose time
+#   says nothing new;
+# - naive, tiled and flash_v1 multiply on CUDA cores at ~10-30 TFLOP/s: above 2^40 FLOP
+#   (1.1 TFLOP) one call takes 40-110 ms, and the ~10 calls a timed rung costs (compile,
+#   two validation calls, warm-up, >= 3 repeats) several seconds. Every prefill acceptance
+#   case is 2.7e11-5.5e11 FLOP, so the ladder is timed on all of them;
+# - decode keeps one query row's state per warp: past DECODE_MAX_Q query rows it is no
+#   longer a decode case.
+ATTN_NAIVE_SCORE_LIMIT = 2**31  # bytes of float32 scores
+ATTN_SIMT_FLOP_LIMIT = 2**40
+ATTN_SIMT_RUNGS = ("naive", "tiled", "flash_v1")
+ATTENTION_SLOW_RULE = ("attention: naive when its B*Hq*Sq*Skv float32 scores exceed 2 GiB, "
+                       "naive/tiled/flash_v1 above 2^40 FLOP, decode above 16 query rows")
+
+
+def attention_score_bytes(case):
+    B, Hq, _, Sq, Skv, _ = case.shape
+    return 4 * B * Hq * Sq * Skv
+
+
+def attention_skip(name, case):
+    """Why the slow-rung rule leaves attention rung ``name`` out of ``case``, or None."""
+    if "naive" in name and attention_score_bytes(case) > ATTN_NAIVE_SCORE_LIMIT:
+        return (f"slow rung: {attention_score_bytes(case) / 2**30:.1f} GiB of float32 scores "
+                f"> 2 GiB (--no-skip-slow runs it)")
+    if name in ATTN_SIMT_RUNGS and flops(case) > ATTN_SIMT_FLOP_LIMIT:
+        return (f"slow rung: CUDA cores, {flops(case) / 1e12:.2f} TFLOP > 2^40 FLOP "
+                f"(--no-skip-slow runs it)")
+    if name == "decode" and case.shape.Sq > DECODE_MAX_Q:
+        return (f"decode rung: {case.shape.Sq} query rows > {DECODE_MAX_Q} "
+                f"(--no-skip-slow runs it)")
+    return None
+
+
+def attention_baselines(case, wanted=None):
+    """SDPA backends timed on an attention case: flash and cuDNN, and for decode cases
+    also the memory-efficient and math backends. An explicit request (``wanted``) may name
+    any of the four; 'torch' stands for the case's default set."""
+    default = tuple(BASELINES["attention"]) if case.decode else ("torch-flash", "torch-cudnn")
+    if not wanted:
+        return default
+    return tuple(b for b in BASELINES["attention"]
+                 if b in wanted or ("torch" in wanted and b in default))
+
 
 def impls_for(case, ladder, requested=None, baselines=True, skip_slow=False,
               slow_limit=SLOW_LIMIT, gemm_skip_slow=True):
     """The impls to run on ``case``: ladder order, then 'auto', then baselines."""
     ladder = list(ladder)
-    wanted = requested if requested else [*ladder, "auto", *BASELINES[case.op]]
-    if case.op == "matmul":
+    if case.op == "attention":
+        base_names = attention_baselines(case, requested)
+    else:
+        base_names = BASELINES[case.op]
+    wanted = requested if requested else [*ladder, "auto", *base_names]
+    if case.op in ("matmul", "attention"):
         skip_slow, slow_limit = gemm_skip_slow, GEMM_SLOW_LIMIT
     out = []
     for name in ladder + ["auto"]:
         if name not in wanted:
             continue
         skip = None
-        if skip_slow and name != "auto" and is_slow_rung(name, ladder) and case.work > slow_limit:
+        if not skip_slow or name == "auto":
+            pass
+        elif case.op == "attention":
+            skip = attention_skip(name, case)
+        elif is_slow_rung(name, ladder) and case.work > slow_limit:
             what = "multiply-adds" if case.op == "matmul" else "elements"
             skip = f"slow rung on {case.work} > {slow_limit} {what} (--no-skip-slow runs it)"
         out.append(Impl(name, "auto" if name == "auto" else "variant", skip))
     if baselines:
-        out += [Impl(b, "baseline") for b in BASELINES[case.op] if b in wanted]
+        out += [Impl(b, "baseline") for b in base_names if b in wanted or case.op == "attention"]
     return out
 
 
@@ -388,21 +647,47 @@ def bytes_moved(case):
     if case.op == "matmul":
         M, N, K = case.shape
         return (M * K + K * N) * s + M * N * result_itemsize("matmul", case.dtype)
+    if case.op == "attention":  # Q and O [B, Sq, Hq, D], K and V [B, Skv, Hkv, D]
+        B, Hq, Hkv, Sq, Skv, D = case.shape
+        return (2 * B * Sq * Hq * D + 2 * B * Skv * Hkv * D) * s
     raise ValueError(f"unknown op {case.op!r}")
 
 
+def visible_pairs(Sq, Skv, causal=False, causal_offset=0):
+    """(query, key) pairs attention computes: Sq * Skv, or under a causal mask the exact
+    count sum_i clamp(i + causal_offset + 1, 0, Skv) (row i sees keys j <= i + offset;
+    top_left: offset 0, bottom_right: Skv - Sq)."""
+    if not causal:
+        return Sq * Skv
+    seen = np.clip(np.arange(Sq, dtype=np.int64) + (causal_offset + 1), 0, Skv)
+    return int(seen.sum())
+
+
 def flops(case):
-    """Floating-point (int8: integer) operations of the case: 2 M N K for matmul, None for
-    the memory-bound ops (their metric is bandwidth)."""
+    """Floating-point (int8: integer) operations of the case: 2 M N K for matmul;
+    attention 4 B Hq D (visible query-key pairs): 2 for each multiply-add of S = Q K^T and
+    of O = P V (the softmax's exponentials are not counted); None for the memory-bound ops
+    (their metric is bandwidth)."""
     if case.op == "matmul":
         M, N, K = case.shape
         return 2 * M * N * K
+    if case.op == "attention":
+        B, Hq, _, Sq, Skv, D = case.shape
+        return 4 * B * Hq * D * visible_pairs(Sq, Skv, case.causal, case.causal_offset)
     return None
+
+
+def reports_bandwidth(case):
+    """Whether GB/s (and % of copy bandwidth) mean something for the case: not for
+    attention prefill, which is compute-bound (its Q+K+V+O bytes are a tiny floor)."""
+    return case.op != "attention" or case.decode
 
 
 def sample_rows(case, limit=CHECK_LIMIT):
     """Rows to validate: None (all) when the case is small or not row-wise, else an evenly
     spaced sorted subset always holding the first and the last row."""
+    if case.op == "attention":
+        return None  # sampled its own way: attention_sample
     if case.op == "matmul":
         # the float64 host reference costs M*N*K multiply-adds: keep it to ~64 rows' worth
         if limit <= 0 or case.work <= 16 * limit:
@@ -417,10 +702,50 @@ def sample_rows(case, limit=CHECK_LIMIT):
     return np.unique(np.linspace(0, case.rows - 1, k).round().astype(np.int64))
 
 
+# Attention is validated on a sample: the float64 host reference of all of B4 H16 S4096
+# D128 is 2e11 multiply-adds. ATTN_CHECK_ROWS query rows (first and last included) of a few
+# batches and heads; the NaN-poisoned out= still covers the whole output on the GPU.
+ATTN_CHECK_ROWS = 64
+
+
+@dataclass(frozen=True)
+class AttnSample:
+    """Which outputs O[b, i, h, :] of an attention case are compared with the reference:
+    every combination of ``batches`` x ``rows`` x ``heads`` (sorted int64 arrays), and the
+    key/value heads ``kv_heads`` they read, with ``kv_index[j]`` the position in
+    ``kv_heads`` of query head ``heads[j]``'s key/value head."""
+
+    batches: np.ndarray
+    rows: np.ndarray
+    heads: np.ndarray
+    kv_heads: np.ndarray
+    kv_index: np.ndarray
+
+
+def attention_sample(case, max_rows=ATTN_CHECK_ROWS):
+    """The sample of attention_sample's docstring: the first and last batch (4 evenly
+    spaced batches for decode cases, whose few rows are cheap); query heads 0, 1, Hq/2 + 1
+    and Hq - 1, so a GQA case checks heads that share a key/value head with another (1 with
+    0) and heads whose key/value head is not h % Hkv (Hq/2 + 1); and max_rows evenly spaced
+    query rows (all when Sq <= max_rows; 0 means all)."""
+    B, Hq, Hkv, Sq, _, _ = case.shape
+    spread = lambda n, k: np.unique(np.linspace(0, n - 1, min(n, k)).round().astype(np.int64))  # noqa: E731
+    batches = spread(B, 4 if case.decode else 2)
+    rows = spread(Sq, Sq if max_rows <= 0 else max_rows)
+    heads = np.unique(np.array([0, 1, Hq // 2 + 1, Hq - 1], dtype=np.int64).clip(0, Hq - 1))
+    group = Hq // Hkv
+    kv_of = heads // group
+    kv_heads = np.unique(kv_of)
+    kv_index = np.searchsorted(kv_heads, kv_of)
+    return AttnSample(batches, rows, heads, kv_heads, kv_index)
+
+
 def tolerance(case, table):
     """Allowed rel_error from reference.TOLERANCE; integer results must be exact."""
     if case.dtype in ("int32", "int64", "int8"):
         return 0.0
+    if case.op == "attention":
+        return table.get("attention", {}).get(case.dtype, ATTENTION_TOLERANCE[case.dtype])
     tol = table[TOLERANCE_KIND[case.op]][case.dtype]
     if case.op == "matmul" and case.dtype == "float32":
         # K products summed in float32: the rounding error grows as sqrt(K) (cuBLAS too)

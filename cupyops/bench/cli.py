@@ -20,7 +20,24 @@ examples:
   cupyops-bench --suite full --json r.json --md r.md
   cupyops-bench --op softmax --dtype bf16 --shape 16384x8192,65536x1024
   cupyops-bench --op sum --axis none --impl cupy,torch,auto
+  cupyops-bench --op attention --json a.json --md a.md     attention acceptance set
+  cupyops-bench --op attention --dtype bf16 --shape B4xHq16xHkv16xSq4096xSkv4096xD128
+                --causal none,causal --impl flash,auto,torch-flash,torch-cudnn   (one line)
+  cupyops-bench --op attention --shape B16xHq32xHkv8xSq1xSkv4096xD128   decode
   cupyops-bench --list                           show what would run
+attention: shapes name their dimensions, B batch, Hq/Hkv query/key-value heads (H sets
+  both), Sq/Skv query/key-value lengths (S sets both), D head_dim; q is [B, Sq, Hq, D] and
+  k, v [B, Skv, Hkv, D] ("bshd"). TFLOP/s = 4*B*Hq*D*(visible query-key pairs) / time,
+  causal pairs counted exactly; decode cases (Sq <= 16) also report GB/s of Q+K+V+O.
+  Baselines: torch SDPA per backend, torch-flash and torch-cudnn (decode also
+  torch-efficient and torch-math; 'torch' in --impl means the case's set); "vs best base"
+  is against the fastest that ran. The quick suite leaves attention out unless --op
+  attention, which runs the acceptance set: fp16+bf16 B4 H16 S4096 D128 and B4 H32 S4096
+  D64, causal and not; GQA B1 Hq32 Hkv8 S8192 D128 causal; bf16 decode Sq1, Skv 4096 and
+  32768, B 16 and 64, Hq32 Hkv8 D128.
+  Slow rungs, left out in every suite unless --no-skip-slow: naive when its B*Hq*Sq*Skv
+  float32 scores exceed 2 GiB, naive/tiled/flash_v1 (CUDA cores) above 2^40 FLOP, decode
+  above 16 query rows.
 exit status: 0 when every cupyops variant passed validation, 1 if one FAILED, 2 on bad options.
 """
 
@@ -34,34 +51,45 @@ def build_parser():
     )
     sel = p.add_argument_group("what to run")
     sel.add_argument("--op", action="append", metavar="OPS",
-                     help=f"ops, repeatable or comma list (default all: {', '.join(cases.OPS)})")
+                     help=f"ops, repeatable or comma list: {', '.join(cases.OPS)} (default "
+                          f"every op of the suite; quick leaves attention out)")
     sel.add_argument("--impl", action="append", metavar="IMPLS",
-                     help="impls, comma list: variant names, 'auto', 'cupy', 'torch' "
+                     help="impls, comma list: variant names, 'auto', 'cupy', 'torch', "
+                          "attention's torch-flash, torch-cudnn, torch-efficient, torch-math "
                           "(default every variant plus the baselines)")
     sel.add_argument("--dtype", action="append", metavar="DTYPES",
                      help="float32,float16,bfloat16 (trace/sum/max also float64,int32,int64; "
                           "matmul also int8); "
                           "default from the suite")
     sel.add_argument("--shape", action="append", metavar="SHAPES",
-                     help="e.g. 16384x8192 (matmul: MxNxK, e.g. 16x4096x4096), repeatable or "
-                          "comma list; default from the suite")
+                     help="e.g. 16384x8192 (matmul: MxNxK, e.g. 16x4096x4096; attention: "
+                          "named dimensions, e.g. B4xHq16xHkv16xSq4096xSkv4096xD128), "
+                          "repeatable or comma list; default from the suite")
     sel.add_argument("--axis", action="append", metavar="AXES",
                      help="sum/max reduction axes: -1 and/or none (default sum: -1,none; max: -1)")
+    sel.add_argument("--causal", action="append", metavar="MASKS",
+                     help="attention masks, comma list: none, causal (top_left: row i sees "
+                          "keys j <= i, SDPA's is_causal), causal_br (bottom_right: j <= "
+                          "i + Skv - Sq, the KV-cache alignment); default: the suite's, "
+                          "none for --shape")
     sel.add_argument("--suite", choices=list(cases.SUITES),
                      help="quick (default): 4096x4096 float32+bfloat16 and the LLM matmul "
                           "shapes in float16+bfloat16 (~20 s once compiled; the first run compiles ~90 s); "
+                          "attention only with --op attention (its acceptance set); "
                           "full: the acceptance shapes 16384x8192, 65536x1024, 1024x131072 "
                           "in float32, float16, bfloat16 (trace: 5977x7890 float32; matmul: "
-                          "the LLM shapes and 4096^3, 8192^3 in every dtype)")
+                          "the LLM shapes and 4096^3, 8192^3 in every dtype; attention: its "
+                          "acceptance set, see below)")
     sel.add_argument("--no-baselines", action="store_true", help="time cupyops only")
     sel.add_argument("--skip-slow", action=argparse.BooleanOptionalAction, default=None,
                      help="skip textbook rungs on shapes above --slow-limit elements "
                           "(default: on for the full suite, off otherwise; matmul's naive "
                           "and tiled rungs are skipped above 2^31 multiply-adds in every "
-                          "suite unless --no-skip-slow)")
+                          "suite unless --no-skip-slow; so are "
+                          f"{cases.ATTENTION_SLOW_RULE})")
     sel.add_argument("--slow-limit", type=int, default=cases.SLOW_LIMIT, metavar="N",
                      help="element count above which --skip-slow applies (default 2^24; "
-                          "not used for matmul)")
+                          "not used for matmul and attention, which have their own rules)")
     sel.add_argument("--list", action="store_true", help="print the plan and exit")
 
     tim = p.add_argument_group("how to measure")
@@ -74,7 +102,8 @@ def build_parser():
                           "repeats, never under 3 (default 2)")
     tim.add_argument("--check-limit", type=int, default=cases.CHECK_LIMIT, metavar="N",
                      help="validate row-wise cases above N elements on a subset of rows; "
-                          "0 checks every row (default 2^22)")
+                          "0 checks every row (default 2^22; attention: 64 query rows of a "
+                          "few batches and heads, 0: every query row of those)")
     tim.add_argument("--copy-mib", type=int, default=1024, metavar="MIB",
                      help="size of the device copy that measures bandwidth (default 1024)")
     tim.add_argument("--host-calls", type=int, default=2000, metavar="N",
@@ -92,21 +121,28 @@ def log(msg):
 
 
 def load_variants(ops):
-    """{op: [impl names in ladder order]} from cupyops (no GPU needed)."""
+    """{op: [impl names in ladder order]} from cupyops (no GPU needed). An optional op
+    (attention) that this cupyops does not register yet is left out of the dict."""
     import cupyops
 
-    return {op: list(cupyops.variants(op)) for op in ops}
+    from ..ops import OPS as registered
+
+    return {op: list(cupyops.variants(op)) for op in ops
+            if op in registered or op not in cases.OPTIONAL_OPS}
 
 
 def make_plan(args, parser, variants_loader=None):
     """Options -> (plan, settings). Every mistake is a usage error (exit status 2)."""
     try:
-        ops = cases.parse_ops(args.op)
+        suite = args.suite or "quick"
+        ops = cases.parse_ops(args.op) if args.op else cases.suite_ops(suite)
         dtypes = cases.parse_dtypes(args.dtype, ops)
         shapes = cases.parse_shapes(args.shape)
         axes = cases.parse_axes(args.axis)
-        suite = args.suite or "quick"
-        case_list = cases.expand_cases(ops, suite, dtypes, shapes, axes)
+        masks = cases.parse_masks(args.causal)
+        if masks and "attention" not in ops:
+            raise ValueError("--causal: applies to attention only (add --op attention)")
+        case_list = cases.expand_cases(ops, suite, dtypes, shapes, axes, masks)
         requested = cases.split_list(args.impl)
         for name, v in (("--repeats", args.repeats), ("--copy-mib", args.copy_mib),
                         ("--host-calls", args.host_calls)):
@@ -120,6 +156,13 @@ def make_plan(args, parser, variants_loader=None):
         variants = (variants_loader or load_variants)(ops)
     except Exception as exc:  # cupyops itself broken or incomplete
         parser.exit(2, f"cupyops-bench: cannot read cupyops.variants(): {exc}\n")
+    missing = [op for op in ops if op not in variants]
+    if missing and args.op:
+        parser.error(f"--op: {', '.join(missing)} is not registered in this cupyops "
+                     f"(cupyops.variants() does not know it yet)")
+    if missing:  # an optional op left out of the default selection
+        ops = tuple(op for op in ops if op in variants)
+        case_list = [c for c in case_list if c.op in variants]
     try:
         cases.check_impl_names(requested, variants, ops)
     except ValueError as exc:
@@ -134,7 +177,7 @@ def make_plan(args, parser, variants_loader=None):
         "suite": suite, "repeats": args.repeats, "warmup": args.warmup,
         "time_budget_s": args.time_budget, "check_limit": args.check_limit,
         "skip_slow": skip_slow, "slow_limit": args.slow_limit, "seed": args.seed,
-        "copy_mib": args.copy_mib, "host_calls": args.host_calls,
+        "copy_mib": args.copy_mib, "host_calls": args.host_calls, "ops": list(ops),
     }
     return plan, settings
 
@@ -161,6 +204,10 @@ def torch_cuda():
     return torch if torch.cuda.is_available() else None
 
 
+def is_torch_baseline(impl):
+    return impl.kind == "baseline" and (impl.name == "torch" or impl.name.startswith("torch-"))
+
+
 def torch_on_stream(torch, stream):
     """Run PyTorch on CuPy's stream, so CuPy's events bracket PyTorch's kernels too."""
     if torch is None:
@@ -178,7 +225,7 @@ def run(args, plan, settings):
     if torch is not None:  # float32 matmul baselines in true float32 (TF32 off), as CuPy's
         torch.backends.cuda.matmul.allow_tf32 = False
     if torch is None:
-        plan = [(c, [i for i in impls if i.name != "torch"]) for c, impls in plan]
+        plan = [(c, [i for i in impls if not is_torch_baseline(i)]) for c, impls in plan]
         log("PyTorch with CUDA not available: no torch baselines")
     dev = cupy.cuda.Device()
     props = cupy.cuda.runtime.getDeviceProperties(dev.id)
@@ -273,7 +320,10 @@ def run_case(case, impls, args, flush, torch):
 
     base = {"op": case.op, "axis": None if case.op in ("trace", "matmul") else case.axis,
             "dtype": case.dtype, "shape": case.shape_str, "bytes": cases.bytes_moved(case),
-            "flops": cases.flops(case)}
+            "flops": cases.flops(case), "gbps_meaningful": cases.reports_bandwidth(case)}
+    if case.op == "attention":
+        base.update(mask=case.mask, causal=case.causal, causal_align=case.causal_align,
+                    decode=case.decode, **case.shape._asdict())
 
     def row(impl, status="ok", note=None, **kw):
         r = {**base, "impl": impl.name, "kind": impl.kind, "ms": None, "ms_min": None,
@@ -336,12 +386,19 @@ def run_baseline(data, impl, args, flush, torch, row):
 
     try:
         fn = runners.baseline_call(data, impl.name, torch)
-        err = runners.check(data, fn())
-        t = timing.time_gpu(fn, repeats=args.repeats, warmup=args.warmup, flush=flush,
-                            budget_s=args.time_budget)
+        context = getattr(fn, "context", None) or contextlib.nullcontext
+        with context():  # SDPA's backend selection, outside the timed calls
+            err = runners.check(data, fn())
+            t = timing.time_gpu(fn, repeats=args.repeats, warmup=args.warmup, flush=flush,
+                                budget_s=args.time_budget)
     except Exception as exc:
+        if data.case.op == "attention":  # one line: what refused it
+            lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+            return row(impl, "skipped",
+                       f"unavailable: {type(exc).__name__}: {lines[0] if lines else ''}")
         return row(impl, "skipped", f"unsupported: {type(exc).__name__}: {exc}")
-    note = None if err <= data.tol else "rel_error above tolerance"
+    notes = [getattr(fn, "note", None), None if err <= data.tol else "rel_error above tolerance"]
+    note = "; ".join(n for n in notes if n) or None
     return row(impl, note=note, ms=t.median_ms, ms_min=t.min_ms, repeats=t.repeats,
                rel_error=err, tolerance=data.tol)
 
@@ -352,6 +409,9 @@ def progress_line(r, wall_s):
         gbps = r["bytes"] / (r["ms"] * 1e-3) / 1e9
         rate = (f"{r['flops'] / (r['ms'] * 1e-3) / 1e12:8.1f} TFLOP/s" if r.get("flops")
                 else f"{gbps:8.0f} GB/s")
-        return (f"{head}{r['ms']:10.4f} ms {rate}  rel_err {r['rel_error']:.1e}  "
+        if r.get("flops") and r.get("op") == "attention" and r.get("gbps_meaningful"):
+            rate += f" {gbps:6.0f} GB/s"
+        note = f"  ({r['note']})" if r.get("note") else ""
+        return (f"{head}{r['ms']:10.4f} ms {rate}  rel_err {r['rel_error']:.1e}{note}  "
                 f"[{wall_s:.1f} s]")
     return f"{head}{r['status']}: {r['note']}  [{wall_s:.1f} s]"

@@ -4,9 +4,11 @@ bandwidth, speedup over the best baseline; and into a text table, markdown and J
 Pure Python (no CuPy): the CPU tests feed it fabricated rows.
 
 A row is a dict with at least: op, axis (-1, or None for all / trace), impl, kind
-("variant" | "auto" | "baseline"), dtype, shape ("16384x8192"; matmul "MxNxK"), bytes,
-flops (matmul only, else None), ms (None unless timed), rel_error, status ("ok" |
-"FAILED" | "skipped") and note (why, or None).
+("variant" | "auto" | "baseline"), dtype, shape ("16384x8192"; matmul "MxNxK"; attention
+"B4xHq16xHkv16xSq4096xSkv4096xD128"), bytes, flops (matmul and attention, else None), ms
+(None unless timed), rel_error, status ("ok" | "FAILED" | "skipped") and note (why, or
+None). Attention rows also carry mask ("none" | "causal" | "causal_br"), which is part of
+the case, and gbps_meaningful (False for prefill: no GB/s is shown).
 """
 import json
 import math
@@ -14,7 +16,7 @@ import math
 # (title, row key, alignment) of the table columns, text and markdown alike.
 COLUMNS = (
     ("op", "op", "<"),
-    ("axis", "axis", "<"),
+    ("axis/mask", "axis", "<"),
     ("impl", "impl", "<"),
     ("dtype", "dtype", "<"),
     ("shape", "shape", "<"),
@@ -23,22 +25,25 @@ COLUMNS = (
     ("% copy", "pct_copy_bw", ">"),
     ("TFLOP/s", "tflops", ">"),
     ("vs best base", "speedup_vs_best_baseline", ">"),
+    ("vs each base", "speedups", "<"),
     ("rel err", "rel_error", ">"),
     ("status", "status", "<"),
 )
 
 
 def case_key(row):
-    return (row["op"], row.get("axis"), row["dtype"], row["shape"])
+    return (row["op"], row.get("axis"), row["dtype"], row["shape"], row.get("mask"))
 
 
 def finalize(rows, copy_gbps):
-    """New rows with gbps, pct_copy_bw, baseline (the fastest baseline of the same case)
-    and speedup_vs_best_baseline = baseline ms / this ms (> 1: this one is faster)."""
-    best = {}
+    """New rows with gbps, pct_copy_bw, baseline (the fastest baseline of the same case),
+    speedup_vs_best_baseline = baseline ms / this ms (> 1: this one is faster), and
+    speedups = {baseline: its ms / this ms} for every other baseline of the case that ran."""
+    best, timed_baselines = {}, {}
     for r in rows:
         if r.get("kind") == "baseline" and r.get("status") == "ok" and r.get("ms"):
             k = case_key(r)
+            timed_baselines.setdefault(k, {})[r["impl"]] = r["ms"]
             if k not in best or r["ms"] < best[k]["ms"]:
                 best[k] = r
     out = []
@@ -46,12 +51,15 @@ def finalize(rows, copy_gbps):
         r = dict(r)
         ms = r.get("ms")
         timed = r.get("status") == "ok" and ms
-        r["gbps"] = r["bytes"] / (ms * 1e-3) / 1e9 if timed else None
-        r["pct_copy_bw"] = 100.0 * r["gbps"] / copy_gbps if timed and copy_gbps else None
+        bw = timed and r.get("gbps_meaningful", True)
+        r["gbps"] = r["bytes"] / (ms * 1e-3) / 1e9 if bw else None
+        r["pct_copy_bw"] = 100.0 * r["gbps"] / copy_gbps if bw and copy_gbps else None
         r["tflops"] = r["flops"] / (ms * 1e-3) / 1e12 if timed and r.get("flops") else None
         b = best.get(case_key(r))
         r["baseline"] = b["impl"] if b else None
         r["speedup_vs_best_baseline"] = b["ms"] / ms if (b and timed) else None
+        r["speedups"] = ({name: bms / ms for name, bms in timed_baselines.get(case_key(r), {}).items()
+                          if name != r["impl"]} if timed else {})
         out.append(r)
     return out
 
@@ -65,6 +73,9 @@ def any_failed(rows):
 # cells
 # ----------------------------------------------------------------------------------
 def axis_label(row):
+    """The axis of a reduction ("all" for None), attention's mask, or nothing."""
+    if row["op"] == "attention":
+        return row.get("mask") or ""
     if row["op"] in ("trace", "matmul"):
         return ""
     return "all" if row.get("axis") is None else str(row["axis"])
@@ -110,9 +121,18 @@ def cells(row, note_width=60):
         _num(row.get("pct_copy_bw")),
         _num(row.get("tflops")),
         "" if spd is None else f"{spd:.2f}x",
+        speedups_cell(row.get("speedups")),
         rel_s,
         status,
     ]
+
+
+def speedups_cell(speedups):
+    """'flash 1.05x cudnn 0.61x': this row against each baseline (SDPA backends without
+    their 'torch-' prefix)."""
+    if not speedups:
+        return ""
+    return " ".join(f"{name.removeprefix('torch-')} {v:.2f}x" for name, v in speedups.items())
 
 
 def format_table(rows, note_width=60):
@@ -186,8 +206,31 @@ def header_lines(meta):
         )
     lines.append("bytes: each input read once, each output written once (trace: the diagonal "
                  "elements only); matmul shapes are MxNxK, TFLOP/s = 2MNK / time; "
-                 "vs best base = best baseline ms / this ms (> 1: faster)")
+                 "vs best base = best baseline ms / this ms (> 1: faster); vs each base: "
+                 "the same against every baseline that ran")
+    if "attention" in s.get("ops", ()):
+        lines += attention_header_lines()
     return lines
+
+
+def attention_header_lines():
+    from .cases import ATTENTION_SLOW_RULE, ATTN_CHECK_ROWS, DECODE_MAX_Q
+
+    return [
+        ("attention: q [B, Sq, Hq, D], k and v [B, Skv, Hkv, D] (bshd), scale 1/sqrt(D); "
+         "TFLOP/s = 4*B*Hq*D*(visible query-key pairs) / time, causal pairs counted exactly "
+         "(mask causal: row i sees keys j <= i; causal_br: j <= i + Skv - Sq); decode cases "
+         f"(Sq <= {DECODE_MAX_Q}) also GB/s of Q+K+V+O, each read or written once"),
+        ("attention validation: float64 reference on a sample: first and last batch (decode: "
+         f"4 batches), query heads 0, 1, Hq/2+1, Hq-1, {ATTN_CHECK_ROWS} query rows (--check-limit 0: "
+         "all); out= poisoned with NaN over the whole output; slow rungs left out unless "
+         f"--no-skip-slow: {ATTENTION_SLOW_RULE}"),
+        ("attention baselines: torch.nn.functional.scaled_dot_product_attention with one "
+         "backend each (torch-flash, torch-cudnn; decode also torch-efficient, torch-math) "
+         "on the same memory as [B, H, S, D] views; enable_gqa for GQA; a backend that "
+         "refuses is listed as unavailable, and any copy it needed (made before timing) is "
+         "noted in its row"),
+    ]
 
 
 def format_markdown(meta, rows):

@@ -9,7 +9,14 @@ Validation of a cupyops variant, before it is timed:
 3. the comparison runs on the host in float64 over every row, or over an evenly spaced
    subset of rows on big row-wise cases (see cases.sample_rows).
 Baselines get step 1 only; their error is reported, never held against them.
+
+Attention is compared on a sample (cases.attention_sample: a few batches and heads, ~64
+query rows), against reference_rows: the float64 attention of just those query rows,
+with the causal mask of their place in the whole problem.
 """
+import math
+import re
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,19 +35,23 @@ _EXP_MASK = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000,
 @dataclass
 class CaseData:
     case: object
-    x: object  # cupy array of case.shape (matmul: A, M x K)
+    x: object  # cupy array of case.shape (matmul: A, M x K; attention: q [B, Sq, Hq, D])
     weight: object = None  # matmul: B, K x N
     bias: object = None
     rows: object = None  # cupy int64 row indices checked, or None for all
-    ref: object = None  # float64 reference (on the checked rows)
+    ref: object = None  # float64 reference (on the checked rows; attention: the sample)
     tol: float = 0.0
+    k: object = None  # attention: [B, Skv, Hkv, D]
+    v: object = None
+    sample: object = None  # attention: the cases.AttnSample compared
     _torch: dict = field(default_factory=dict)
 
     def torch_args(self, torch):
         """The same device memory seen by PyTorch (DLPack, no copy), made once per case."""
         if not self._torch:
             conv = lambda a: None if a is None else torch.from_dlpack(a)  # noqa: E731
-            self._torch.update(x=conv(self.x), weight=conv(self.weight), bias=conv(self.bias))
+            self._torch.update(x=conv(self.x), weight=conv(self.weight), bias=conv(self.bias),
+                               k=conv(self.k), v=conv(self.v))
         return self._torch
 
 
@@ -68,6 +79,8 @@ def prepare(case, *, seed=0, check_limit=_cases.CHECK_LIMIT):
 
     if case.op == "matmul":
         return _prepare_matmul(case, seed, check_limit)
+    if case.op == "attention":
+        return _prepare_attention(case, seed, check_limit)
     x = random_normal(case.shape, case.dtype, seed)
     data = CaseData(case, x, tol=_cases.tolerance(case, reference.TOLERANCE))
     if case.op in _cases.NORM_EPS:
@@ -104,6 +117,91 @@ def _prepare_matmul(case, seed, check_limit):
         data.rows = cupy.asarray(rows)
     data.ref = reference.matmul(host_rows(data, a), b.get())
     return data
+
+
+def _prepare_attention(case, seed, check_limit):
+    """q, k, v ("bshd", N(0, 1)) and the float64 reference of the sampled outputs. The
+    scale is the operator's default, 1/sqrt(head_dim), as SDPA's."""
+    from .. import reference
+
+    B, Hq, Hkv, Sq, Skv, D = case.shape
+    q = random_normal((B, Sq, Hq, D), case.dtype, seed)
+    k = random_normal((B, Skv, Hkv, D), case.dtype, seed + 1)
+    v = random_normal((B, Skv, Hkv, D), case.dtype, seed + 2)
+    smp = _cases.attention_sample(case, 0 if check_limit == 0 else _cases.ATTN_CHECK_ROWS)
+    data = CaseData(case, q, k=k, v=v, sample=smp,
+                    tol=_cases.tolerance(case, reference.TOLERANCE))
+    all_keys = np.arange(Skv, dtype=np.int64)
+    data.ref = reference_rows(
+        gather_bshd(q, smp.batches, smp.rows, smp.heads),
+        gather_bshd(k, smp.batches, all_keys, smp.kv_heads),
+        gather_bshd(v, smp.batches, all_keys, smp.kv_heads),
+        smp.rows, q_len=Sq, kv_index=smp.kv_index, causal=case.causal,
+        causal_align=case.causal_align, scale=1.0 / math.sqrt(D))
+    return data
+
+
+def gather_bshd(a, batches, seqs, heads):
+    """``a[batches][:, seqs][:, :, heads]`` of a contiguous [B, S, H, D] CuPy array, on the
+    host in its own dtype: one gather on the GPU (through raw bits, see _RAW), so only the
+    sample crosses to the host."""
+    import cupy
+
+    raw = a.view(_RAW[a.dtype.itemsize])
+    b = cupy.asarray(batches, dtype=cupy.int64)[:, None, None]
+    s = cupy.asarray(seqs, dtype=cupy.int64)[None, :, None]
+    h = cupy.asarray(heads, dtype=cupy.int64)[None, None, :]
+    return raw[b, s, h].get().view(a.dtype)
+
+
+def reference_rows(q, k, v, rows, *, q_len=None, kv_index=None, causal=False,
+                   causal_align="top_left", scale=None):
+    """float64 attention output of some query rows only: [Bs, R, H, D] ("bshd").
+
+    q: [Bs, R, H, D], the query rows ``rows`` (their indices in the whole problem of
+    ``q_len`` rows, default R) of some batches and heads; k, v: [Bs, Skv, Hk, D], all keys
+    of the same batches; ``kv_index[j]``: the head of k/v that q's head j reads (default
+    the GQA mapping j // (H / Hk)). Row i sees key j iff j <= i + offset under a causal
+    mask (offset 0 for top_left, Skv - q_len for bottom_right), every key otherwise; a row
+    that sees no key is zeros (the kernels' contract). scale defaults to 1/sqrt(D).
+    Computed head by head in float64 (softmax with its max subtracted): NumPy only."""
+    q = np.asarray(q)
+    k = np.asarray(k)
+    v = np.asarray(v)
+    Bs, R, H, D = q.shape
+    Skv, Hk = k.shape[1], k.shape[2]
+    if k.shape != v.shape or k.shape[0] != Bs or k.shape[3] != D:
+        raise ValueError(f"reference_rows: q {q.shape}, k {k.shape}, v {v.shape} do not match")
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    if len(rows) != R:
+        raise ValueError(f"reference_rows: {len(rows)} row indices for {R} query rows")
+    if kv_index is None:
+        if H % Hk:
+            raise ValueError(f"reference_rows: {H} query heads over {Hk} key/value heads")
+        kv_index = np.arange(H) // (H // Hk)
+    if causal_align not in ("top_left", "bottom_right"):
+        raise ValueError(f"reference_rows: causal_align {causal_align!r}")
+    q_len = R if q_len is None else int(q_len)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    if causal:
+        offset = 0 if causal_align == "top_left" else Skv - q_len
+        seen = np.clip(rows + offset + 1, 0, Skv)  # keys j < seen[r] are visible
+        visible = np.arange(Skv)[None, :] < seen[:, None]  # [R, Skv]
+    else:
+        visible = np.ones((R, Skv), dtype=bool)
+    out = np.empty((Bs, R, H, D), dtype=np.float64)
+    q64 = q.astype(np.float64)
+    for j in range(H):
+        kh = k[:, :, kv_index[j]].astype(np.float64)  # [Bs, Skv, D]
+        vh = v[:, :, kv_index[j]].astype(np.float64)
+        s = np.matmul(q64[:, :, j], kh.transpose(0, 2, 1)) * scale  # [Bs, R, Skv]
+        s = np.where(visible, s, -np.inf)
+        m = s.max(axis=-1, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0.0)  # a row with no visible key: p = 0
+        p = np.exp(s - m)
+        denom = p.sum(axis=-1, keepdims=True)
+        out[:, :, j] = np.matmul(p, vh) / np.where(denom > 0, denom, 1.0)
+    return out
 
 
 def reference_output(case, x, weight=None, bias=None):
@@ -146,7 +244,24 @@ def check(data, y):
     """rel_error of the output ``y`` against the reference (on the checked rows)."""
     from .. import reference
 
+    if data.case.op == "attention":
+        return reference.rel_error(attention_output_sample(data, y), data.ref)
     return reference.rel_error(host_rows(data, as_cupy(y)), data.ref)
+
+
+def attention_output_sample(data, y):
+    """The sampled outputs of an attention result [B, Sq, Hq, D] on the host. A PyTorch
+    result is SDPA's [B, Hq, Sq, D]: it is put back in "bshd" order first (a copy, outside
+    any timing)."""
+    import cupy
+
+    if type(y).__module__.startswith("torch"):
+        y = y.detach().transpose(1, 2).contiguous()
+    y = as_cupy(y)
+    if not y.flags.c_contiguous:
+        y = cupy.ascontiguousarray(y)
+    smp = data.sample
+    return gather_bshd(y, smp.batches, smp.rows, smp.heads)
 
 
 def poisoned_like(y):
@@ -200,12 +315,34 @@ def cupyops_call(data, impl):
         return lambda out=None: cupyops.rms_norm(x, w, eps=eps, out=out, impl=impl)
     if c.op == "matmul":
         return lambda out=None: cupyops.matmul(x, w, out=out, impl=impl)
+    if c.op == "attention":
+        k, v, causal, align = data.k, data.v, c.causal, c.causal_align
+        return lambda out=None: cupyops.attention(x, k, v, causal=causal, causal_align=align,
+                                                  out=out, impl=impl)
     raise ValueError(f"unknown op {c.op!r}")
+
+
+class BaselineCall:
+    """A baseline's timed callable, with a note for its row (what had to be done before
+    timing so that it runs) and the context it must run in (SDPA's backend selection),
+    entered once around its validation and timing rather than in every timed call."""
+
+    def __init__(self, fn, note=None, context=None):
+        self.fn, self.note, self.context = fn, note, context
+
+    def __call__(self):
+        return self.fn()
 
 
 def baseline_call(data, name, torch=None):
     """A no-argument callable running the vendor's version of the case."""
     c = data.case
+    if name in _cases.SDPA_BACKENDS:
+        if c.op != "attention":
+            raise ValueError(f"{name} is an attention baseline, not one of {c.op}")
+        if torch is None:
+            raise RuntimeError("PyTorch with CUDA is not available")
+        return sdpa_call(data, name, torch)
     if name == "cupy":
         import cupy
 
@@ -274,3 +411,90 @@ def validate_cupyops(data, call):
     if not err <= data.tol:  # also catches NaN
         return err, f"rel_error {err:.3g} > tol {data.tol:g}"
     return err, None
+
+
+# ----------------------------------------------------------------------------------
+# attention baselines: torch.nn.functional.scaled_dot_product_attention per backend
+# ----------------------------------------------------------------------------------
+def _first_line(text):
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def _why_refused(exc, caught):
+    """The exception's first line, plus the reasons in the warnings SDPA gives with a
+    refusal, without PyTorch's "(Triggered internally at ...)" source locations, the
+    "... kernel not used because:" headers, and the "runtime disabled" lines that
+    sdpa_kernel's own backend selection causes."""
+    why = f"{type(exc).__name__}: {_first_line(exc)}"
+    reasons = []
+    for w in caught or ():
+        text = re.sub(r"\s*\(Triggered internally at [^)]*\)", "", str(w.message))
+        for line in text.splitlines():
+            line = line.strip()
+            if (not line or line.endswith("because:") or "runtime disabled" in line
+                    or line in reasons):
+                continue
+            reasons.append(line)
+    if reasons:
+        why += " (" + "; ".join(reasons[:3]) + ")"
+    return why
+
+
+def sdpa_call(data, name, torch):
+    """SDPA with one backend (sdpa_kernel) on the case's q, k, v, as a BaselineCall.
+
+    SDPA wants [B, H, S, D]: it gets transposed views of the "bshd" tensors (DLPack, no
+    copy). GQA goes through enable_gqa=True (torch >= 2.5). Causal top_left is is_causal;
+    bottom_right (Sq != Skv) is torch.nn.attention.bias.causal_lower_right. Where a backend
+    refuses that, the next form is tried, each made once here, outside the timed region:
+    contiguous [B, H, S, D] copies; for GQA, K/V heads repeated (repeat_interleave) instead
+    of enable_gqa. The form that ran is named in the row's note; when none runs, the
+    RuntimeError names the first refusal (its first line and SDPA's warnings)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    F = torch.nn.functional
+    c = data.case
+    _, Hq, Hkv, Sq, Skv, _ = c.shape
+    backend = getattr(SDPBackend, _cases.SDPA_BACKENDS[name])
+    context = lambda: sdpa_kernel(backend)  # noqa: E731
+    t = data.torch_args(torch)
+    q, k, v = (t[n].transpose(1, 2) for n in ("x", "k", "v"))  # [B, H, S, D] views
+    kwargs = {}
+    if c.causal:
+        if c.causal_offset == 0:
+            kwargs["is_causal"] = True
+        else:
+            from torch.nn.attention.bias import causal_lower_right
+
+            kwargs["attn_mask"] = causal_lower_right(Sq, Skv)
+    gqa = Hq != Hkv
+    contig = lambda *ts: tuple(x.contiguous() for x in ts)  # noqa: E731
+    rep = lambda x: x.repeat_interleave(Hq // Hkv, dim=1)  # noqa: E731
+    forms = [(None, lambda: (q, k, v), gqa),
+             ("contiguous copies", lambda: contig(q, k, v), gqa)]
+    if gqa:
+        forms += [("K/V heads repeated for GQA", lambda: (q, rep(k), rep(v)), False),
+                  ("contiguous copies, K/V heads repeated for GQA",
+                   lambda: contig(q, rep(k), rep(v)), False)]
+    refusals = []
+    for note, make, enable_gqa in forms:
+        caught = []
+        args = kw = fn = None
+        try:
+            args = make()
+            kw = dict(kwargs, enable_gqa=True) if enable_gqa else kwargs
+            fn = lambda args=args, kw=kw: F.scaled_dot_product_attention(*args, **kw)  # noqa: E731
+            with warnings.catch_warnings(record=True) as caught, context():
+                warnings.simplefilter("always")
+                fn()
+                torch.cuda.current_stream().synchronize()
+        except Exception as exc:
+            refusals.append(_why_refused(exc, caught))
+            del args, kw, fn
+            continue
+        if note:
+            note = f"{note} (made before timing)"
+        return BaselineCall(fn, note, context)
+    raise RuntimeError(f"SDPA {backend.name} refused the case in every form tried: "
+                       f"{refusals[0]}")

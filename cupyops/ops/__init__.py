@@ -1,6 +1,6 @@
 """The operators. Each family module owns its kernel file(s), its variant table
 (public ``impl=`` names -> one line on what the rung adds) and its launchers."""
-from . import gemm, norm, reduce, softmax
+from . import attention, gemm, norm, reduce, softmax
 
 _FAMILIES = {
     "trace": reduce,
@@ -11,6 +11,7 @@ _FAMILIES = {
     "rms_norm": norm,
     "matmul": gemm,
     "gemm": gemm,
+    "attention": attention,
 }
 
 OPS = tuple(_FAMILIES)

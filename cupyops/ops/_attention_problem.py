@@ -30,7 +30,10 @@ class AttentionProblem:
     Sq: int
     Skv: int
     D: int  # head_dim
-    Q: object  # CuPy arrays: any view with a unit stride on the head_dim axis
+    # CuPy arrays (any view with a unit stride on the head_dim axis); when supports() is
+    # asked before the operands exist, attention._Fresh stand-ins with the shape, dtype,
+    # strides and data.ptr 0 (CuPy's pool is 512-byte aligned) of the copy to come
+    Q: object
     K: object
     V: object
     O: object

@@ -1,0 +1,622 @@
+// attention_decode.cu: the `decode` rung of attention (split-KV, "flash-decoding"), for
+// q_len 1..16 against a long KV sequence. kernels/attention_common.cuh has the contract;
+// cupyops/ops/_attention_decode.py computes the launch described here.
+//
+// At q_len = 1 attention is a stream over K and V: bf16, Hkv = 8, head_dim 128, 4096 keys is
+// 16 MB of K + V per batch element against a few hundred bytes of queries, so the time is
+// K + V bytes over the read bandwidth and everything below serves that stream:
+//   - K and V are read ONCE per KV head: one block holds every query row of a KV head's
+//     group (rows r = g * q_len + i for query head hk * group + g and query position i;
+//     group * q_len rows, tiled by RT: more rows go to neighbouring blocks, which read the
+//     same K/V tiles through L2 at about the same time).
+//   - The KV sequence is split into S chunks of `chunk` keys (a multiple of the tile), one
+//     block each, when B * Hkv blocks are too few to saturate HBM (measured on an H200: 128
+//     blocks, one an SM, already do; B 16 x Hkv 8 runs unsplit). Each split ends with its
+//     own (max, sum, output) for its rows; a second kernel merges the splits of a row in
+//     split order through their log-sum-exp (no float atomics: bitwise reproducible). With
+//     S == 1 the block writes O and LSE itself (no workspace, no second launch).
+//   - K/V tiles of BK keys stream through a STAGES-deep ring in shared memory filled by
+//     16-byte cp.async copies (zero-filled past the keys a block needs and past head_dim),
+//     so the bytes in flight are bounded by shared memory, not registers: STAGES - 1 tiles
+//     of 2 * BK * DT * sizeof(T) bytes a block (48 KB at DT 64, 64 KB at 128, 128 KB at
+//     256), 64 to 144 KB an SM. The first tiles are issued before the query tile is read.
+//     Unaligned K/V (pointer, a stride or head_dim not a multiple of 16 bytes: checked in
+//     the kernel, uniform per launch) take element loads into the same layout.
+//   - Rows of a tile are 16-byte chunks XOR-swizzled by (row & 7) (element (j, chunk c) at
+//     chunk c ^ (j & 7)), so ldmatrix (8 rows, one chunk column) and the float32 path's
+//     reads (8 keys, one chunk column) hit 8 distinct bank groups.
+//   - The 4 warps of a block split every tile's keys (KPW keys each) and keep their own
+//     online-softmax state (running max m, sum l, unnormalised output) in registers; at the
+//     end they meet in shared memory (fixed warp order) and the block combines them.
+//   - fp16/bf16 multiply on the tensor cores (mma.sync m16n8k16, rows padded to 16, fp32
+//     accumulators; P rounded to the input type for P @ V, as FlashAttention does): 16 rows
+//     x 16 keys a warp and tile. At 1 row in 16 the padding costs nothing that matters: the
+//     mma rate is ~40x what the stream needs. float32 stays on the CUDA cores (tf32 would
+//     miss the float32 tolerance): lane (key j = lane % 8, quarter c = lane / 8) dots its
+//     quarter of head_dim for 8 keys (2 shuffles combine the quarters), and for P @ V each
+//     lane owns DT / 32 output columns.
+//   - Scores are scaled by scale * log2(e) and exponentiated with exp2f; the LSE written is
+//     natural log. A key a row must not see (causal: attn::visible_keys; past the block's
+//     range) scores -inf; a state whose max is still -inf subtracts 0 instead, so nothing
+//     computes exp2(-inf - -inf). A row that sees no key ends with l = 0: O = 0, LSE = -inf.
+//   - head_dim is compiled in tiers DT = 64, 128, 256 (zero-padded in shared memory; the
+//     padded columns are never written), so 1..256 are all served.
+//
+// Launch geometry (cupyops/ops/_attention_decode.py computes the same numbers):
+//   attention_decode<T, DT, RT, STAGES>: block = 128 threads (NW = 4 warps),
+//     grid.x = B * Hkv * S * NRT, blockIdx.x = ((b * Hkv + hk) * S + s) * NRT + rt
+//     (row tiles of one split are neighbours: their K/V reads meet in L2), NRT = cdiv(group
+//     * q_len, RT); RT = 16 for fp16/bf16 (one mma row tile), 4, 8 or 16 for float32.
+//     Split s covers keys [s * chunk, min(Skv, (s + 1) * chunk)); chunk is a multiple of BK.
+//     BK = 64 (fp16/bf16: 16 keys a warp) or 32 (float32: 8 keys a warp): 2 * BK * DT *
+//     sizeof(T) = 256 * DT bytes a stage either way.
+//     dynamic shared memory = STAGES * 256 * DT (the K/V ring; reused at the end for the
+//     warps' states, NW * RTP * (DT + 2) floats, RTP = 16 (mma) or RT) + the query tile
+//     (fp16/bf16: 16 x DT elements of T, swizzled; float32: RT x DT floats) + RTP 64-bit
+//     offsets of its rows in Q. STAGES: 4 (DT 64), 3 (128, 256): 3, 2, 1 blocks an SM
+//     (decode::MinBlocks; float32 16-row tiles at DT 64: 2).
+//   attention_decode_merge<T> (S > 1 only): block = 128 threads, one warp a row,
+//     grid.x = cdiv(B * Hq * q_len, 4).
+// Workspace (S > 1; float32, rows in LSE order row = (b * Hq + h) * q_len + i, which is also
+// (b * Hkv + hk) * group * q_len + r):
+//   work_o[(row * S + s) * D + d]: split s's output for the row, normalised by its own sum;
+//   work_lse[row * S + s]: its log2-sum-exp in the scaled base-2 units (-inf: saw no key).
+// The merge: M = max_s lse_s, w_s = 2^(lse_s - M), O = sum_s w_s o_s / sum_s w_s, LSE =
+// ln 2 * (M + log2 sum_s w_s), in split order.
+#include "attention_common.cuh"
+#include "ptx.cuh"
+
+namespace cuops {
+namespace decode {
+
+constexpr int NW = 4;  // warps a block
+constexpr int THREADS = NW * 32;
+
+template <typename T> struct Cfg {
+    static constexpr bool MMA = sizeof(T) == 2;
+    static constexpr int KPW = MMA ? 16 : 8;  // keys a warp takes of every tile
+    static constexpr int BK = NW * KPW;       // keys a tile
+    static constexpr int VEC = 16 / sizeof(T);
+};
+
+// Resident blocks an SM: what the shared memory allows (3, 2, 1 for DT 64, 128, 256), but 2
+// for float32's 16 x 64 accumulator tile, which needs more than 168 registers. Told to
+// ptxas so that it neither caps registers lower (without a minimum it capped some
+// instantiations at 96 registers and spilled) nor takes more than fit; the launcher's plan
+// assumes the same numbers.
+template <typename T, int DT, int RT> struct MinBlocks {
+    static constexpr int value = DT == 64 ? (sizeof(T) == 4 && RT == 16 ? 2 : 3) : DT == 128 ? 2 : 1;
+};
+
+// Byte offset of 16-byte chunk c of row j in a swizzled tile of rows of `rowb` bytes.
+__device__ __forceinline__ unsigned swz(int j, int c, int rowb) {
+    return static_cast<unsigned>(j * rowb + ((c ^ (j & 7)) << 4));
+}
+
+// Two floats as the 32-bit pair of T an mma fragment register holds (first in the low half).
+template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+
+// Can this tensor be moved in 16-byte pieces: pointer, strides and head_dim all multiples
+// of 16 bytes? Uniform per launch.
+template <typename T>
+__device__ __forceinline__ bool vec_ok(const T* p, i64 sb, i64 ss, i64 sh, int D) {
+    constexpr int V = 16 / sizeof(T);
+    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0 && sb % V == 0 && ss % V == 0 &&
+           sh % V == 0 && D % V == 0;
+}
+
+// The keys row r (of the block's row tile) uses: [k0, row_end) with row_end <= k1; rows past
+// the group see nothing.
+__device__ __forceinline__ int row_end(int row, int R, int Sq, int Skv, int causal, int causal_offset, int k1) {
+    if (row >= R) return 0;
+    return min(attn::visible_keys(row % Sq, Skv, causal, causal_offset), k1);
+}
+
+
+// The K/V ring of one block: tile t (keys k0 + t * BK ..) goes to stage t % STAGES, K then
+// V, each BK rows of DT elements, swizzled.
+template <typename T, int DT, int STAGES> struct Ring {
+    using C = Cfg<T>;
+    static constexpr int BK = C::BK, VEC = C::VEC, CH = DT / VEC, ROWB = DT * (int)sizeof(T);
+    static constexpr int TILE_BYTES = BK * ROWB;
+    static constexpr int STAGE_BYTES = 2 * TILE_BYTES;
+    // 16-byte path: thread tid copies chunk c = tid % CH of rows j0 + u * RSTEP (j0 = tid /
+    // CH), so its addresses step by a constant and the swizzle (j & 7) changes by a constant
+    // XOR: a copy costs a few instructions (and the kernel little code, which a cold
+    // instruction cache fetches at every launch).
+    static constexpr int RSTEP = THREADS / CH, COPIES = BK / RSTEP;
+    static_assert(THREADS % CH == 0 && BK % RSTEP == 0, "copy layout");
+    // (j0 + u * RSTEP) & 7 == (j0 & 7) ^ ((u * RSTEP) & 7) when RSTEP is 4 or a multiple of 8
+    static constexpr bool XOR_STEP = RSTEP % 8 == 0 || RSTEP == 4;
+
+    const T* kp;  // 16-byte path: the thread's first element at key k0; else the head's key 0
+    const T* vp;
+    const T* K;  // a valid address for the zero-byte copies
+    const T* V;
+    i64 k_ss, v_ss;
+    unsigned char* smem;
+    unsigned base;  // shared-window address of smem
+    unsigned off0;  // 16-byte path: byte offset of the thread's first row in a tile
+    int k0, kend, nt, D, tid, j0, c, cx;
+    bool vec, cok;
+
+    __device__ __forceinline__ Ring(const T* Kb, const T* Vb, const T* K_, const T* V_, i64 kss, i64 vss,
+                                    unsigned char* sm, int k0_, int kend_, int nt_, int D_, bool vec_)
+        : K(K_), V(V_), k_ss(kss), v_ss(vss), smem(sm), base(smem_u32(sm)), k0(k0_), kend(kend_), nt(nt_),
+          D(D_), tid(threadIdx.x), vec(vec_) {
+        c = tid % CH;
+        j0 = tid / CH;
+        cx = c ^ (j0 & 7);  // row j0 + u * RSTEP: chunk cx ^ ((u * RSTEP) & 7)
+        cok = c * VEC < D;
+        off0 = (unsigned)(j0 * ROWB);
+        kp = vec ? Kb + (i64)(k0 + j0) * k_ss + c * VEC : Kb;
+        vp = vec ? Vb + (i64)(k0 + j0) * v_ss + c * VEC : Vb;
+    }
+
+    // Copy tile t (if t < nt); always commit a group (empty past the last tile) so that
+    // cp_wait's count means the same on every iteration.
+    __device__ __forceinline__ void issue(int t) const {
+        if (t < nt) {
+            const int kt = t * BK;  // from k0
+            const unsigned ks = base + (unsigned)((t % STAGES) * STAGE_BYTES);
+            if (vec) {
+                const int rows = kend - k0 - kt;  // rows of this tile that exist
+                const T* kq = kp + (i64)kt * k_ss;
+                const T* vq = vp + (i64)kt * v_ss;
+#pragma unroll
+                for (int u = 0; u < COPIES; ++u) {
+                    const bool ok = cok && j0 + u * RSTEP < rows;
+                    const unsigned off = XOR_STEP ? off0 + (unsigned)(u * RSTEP * ROWB) + ((cx ^ ((u * RSTEP) & 7)) << 4)
+                                                  : swz(j0 + u * RSTEP, c, ROWB);
+                    // zero-filled (0 source bytes: nothing read) past the keys and head_dim
+                    cp16_zfill(ks + off, ok ? kq + (i64)(u * RSTEP) * k_ss : K, ok ? 16 : 0);
+                    cp16_zfill(ks + TILE_BYTES + off, ok ? vq + (i64)(u * RSTEP) * v_ss : V, ok ? 16 : 0);
+                }
+            } else {
+                // element loads (unaligned K/V), U in flight a thread, into the same layout
+                T* ksp = reinterpret_cast<T*>(smem + (ks - base));
+                T* vsp = ksp + BK * DT;
+                constexpr int U = 4;
+#pragma unroll 1
+                for (int b0 = tid; b0 < BK * DT; b0 += THREADS * U) {  // BK * DT is a multiple of THREADS * U
+                    T kx[U], vx[U];
+#pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const int idx = b0 + u * THREADS, j = idx / DT, d = idx - j * DT;
+                        const bool ok = k0 + kt + j < kend && d < D;
+                        const i64 kr = (i64)(k0 + kt + j);
+                        kx[u] = ok ? kp[kr * k_ss + d] : from_f32<T>(0.f);
+                        vx[u] = ok ? vp[kr * v_ss + d] : from_f32<T>(0.f);
+                    }
+#pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const int idx = b0 + u * THREADS, j = idx / DT, d = idx - j * DT;
+                        const unsigned off = swz(j, d / VEC, ROWB) / sizeof(T) + d % VEC;
+                        ksp[off] = kx[u];
+                        vsp[off] = vx[u];
+                    }
+                }
+            }
+        }
+        cp_commit();
+    }
+};
+
+}  // namespace decode
+}  // namespace cuops
+
+using namespace cuops;
+
+// ------------------------------------------------------------------------ split kernel
+template <typename T, int DT, int RT, int STAGES>
+__global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>::value)
+    attention_decode(ATTN_PARAMS(T), float* __restrict__ work_o, float* __restrict__ work_lse, int S, int chunk,
+                     int NRT) {
+    using namespace decode;
+    using C = Cfg<T>;
+    constexpr int BK = C::BK, KPW = C::KPW, VEC = C::VEC;
+    constexpr int CH = DT / VEC;                 // 16-byte chunks a tile row
+    constexpr int ROWB = DT * (int)sizeof(T);    // bytes a tile row
+    constexpr int TILE = BK * DT;                // elements of one K (or V) tile
+    constexpr int RING = STAGES * 2 * TILE * (int)sizeof(T);
+    constexpr int RTP = C::MMA ? 16 : RT;        // rows of the per-warp states
+    static_assert(!C::MMA || RT == 16, "the mma path handles one 16-row tile");
+    static_assert(CH >= 8, "the swizzle needs 8 chunks a row");
+    static_assert((BK * CH) % THREADS == 0 && (BK * DT) % (THREADS * 4) == 0, "tile copies split evenly");
+    static_assert(NW * RTP * (DT + 2) * 4 <= RING, "the warp states fit in the ring");
+    static_assert(STAGES >= 2, "a ring needs two stages");
+
+    extern __shared__ __align__(128) unsigned char smem[];
+    // the query tile (fp16/bf16: 16 x DT of T, swizzled; float32: RT x DT floats), then its
+    // rows' offsets in Q
+    constexpr int QBYTES = C::MMA ? 16 * DT * (int)sizeof(T) : RT * DT * 4;
+    unsigned char* qsm = smem + RING;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int group = Hq / Hkv, R = group * Sq;
+    int bid = blockIdx.x;
+    const int rt = bid % NRT;
+    bid /= NRT;
+    const int s = bid % S;
+    bid /= S;
+    const int hk = bid % Hkv, b = bid / Hkv;
+    const int r0 = rt * RT, nrows = min(RT, R - r0);
+    const int k0 = s * chunk, k1 = min(Skv, k0 + chunk);
+
+    // kend: past the last key any row of the tile sees (tiles beyond are never loaded);
+    // kfull: below it every row sees every key (those tiles skip the mask). visible_keys grows
+    // with the query position i = row % q_len, so the tile's smallest and largest i decide.
+    int ilo = 0, ihi = Sq - 1;
+    if (nrows < Sq) {
+        const int i0 = r0 % Sq;
+        if (i0 + nrows <= Sq) ilo = i0, ihi = i0 + nrows - 1;
+    }
+    const int kend = max(k0, min(k1, attn::visible_keys(ihi, Skv, causal, causal_offset)));
+    const int kfull = min(k1, attn::visible_keys(ilo, Skv, causal, causal_offset));
+    const int nt = (kend - k0 + BK - 1) / BK;
+
+    // ---- the K/V ring
+    const T* Kb = K + b * k_sb + (i64)hk * k_sh;
+    const T* Vb = V + b * v_sb + (i64)hk * v_sh;
+    const bool vec = vec_ok(K, k_sb, k_ss, k_sh, D) && vec_ok(V, v_sb, v_ss, v_sh, D);
+    const Ring<T, DT, STAGES> ring(Kb, Vb, K, V, k_ss, v_ss, smem, k0, kend, nt, D, vec);
+
+    const float sl2 = scale * attn::LOG2E;
+    const float NEG_INF = -CUOPS_INF;
+
+    // The first STAGES - 1 tiles go out before anything else: the query tile's loads below
+    // then wait on memory together with them instead of ahead of them.
+#pragma unroll 1
+    for (int t = 0; t < STAGES - 1; ++t) ring.issue(t);
+
+    // ---- the query tile (at most 16 x 256 elements), element by element. The rows' offsets
+    // come from a table (one division by q_len a row, not one an element), and every load of
+    // a thread is issued before the first store, so the block waits one memory latency for
+    // the tile (behind the ring's first tiles). The first iteration's barrier publishes it.
+    {
+        i64* qoff = reinterpret_cast<i64*>(qsm + QBYTES);  // [RTP]
+        if (tid < nrows) {
+            const int row = r0 + tid, g = row / Sq, i = row - g * Sq;
+            qoff[tid] = b * q_sb + i * q_ss + (i64)(hk * group + g) * q_sh;
+        }
+        __syncthreads();
+        constexpr int QN = RTP * DT / THREADS;
+        static_assert((RTP * DT) % THREADS == 0, "the query tile splits evenly");
+        float qv[QN];
+#pragma unroll
+        for (int u = 0; u < QN; ++u) {
+            const int idx = tid + u * THREADS, r = idx / DT, d = idx - r * DT;
+            qv[u] = r < nrows && d < D ? to_f32(Q[qoff[r] + d]) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < QN; ++u) {
+            const int idx = tid + u * THREADS, r = idx / DT, d = idx - r * DT;
+            if constexpr (C::MMA) {
+                *reinterpret_cast<T*>(qsm + swz(r, d / VEC, ROWB) + (d % VEC) * sizeof(T)) = from_f32<T>(qv[u]);
+            } else {
+                reinterpret_cast<float*>(qsm)[r * DT + d] = qv[u];
+            }
+        }
+    }
+
+    if constexpr (C::MMA) {
+        // ================= fp16/bf16: mma.sync, 16 rows x 16 keys a warp and tile
+        const int g = lane >> 2, tq = lane & 3;
+        const int e0 = row_end(r0 + g, R, Sq, Skv, causal, causal_offset, k1);
+        const int e1 = row_end(r0 + g + 8, R, Sq, Skv, causal, causal_offset, k1);
+        float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+        float acc[DT / 8][4];
+#pragma unroll
+        for (int n = 0; n < DT / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+        const unsigned qs = smem_u32(qsm);
+        const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: matrix mi, its row mr
+
+        for (int t = 0; t < nt; ++t) {
+            cp_wait<STAGES - 2>();
+            __syncthreads();  // tile t landed for every thread; every warp is done with t - 1
+            ring.issue(t + STAGES - 1);
+            const unsigned ks = ring.base + (unsigned)((t % STAGES) * 2 * TILE * sizeof(T)), vs = ks + TILE * sizeof(T);
+            const int kt = k0 + t * BK;
+
+            // S = Q K^T for keys kt + 16 * warp ... + 15: sc[n] = keys 8n.. (d0, d1: row g,
+            // keys 2tq, 2tq + 1; d2, d3: row g + 8)
+            float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+            for (int kk = 0; kk < DT / 16; ++kk) {
+                unsigned a[4], kb[4];
+                {   // Q: matrix mi = (rows 8 (mi & 1) .., chunk 2kk + (mi >> 1)) -> a0..a3
+                    const int row = (mi & 1) * 8 + mr;
+                    ldsm4<false>(qs + swz(row, 2 * kk + (mi >> 1), ROWB), a);
+                }
+                {   // K: matrix mi = (keys 8 (mi >> 1) .., chunk 2kk + (mi & 1)) -> b0, b1 of
+                    // key tiles 0 and 1
+                    const int row = KPW * warp + (mi >> 1) * 8 + mr;
+                    ldsm4<false>(ks + swz(row, 2 * kk + (mi & 1), ROWB), kb);
+                }
+                mma_tile<T>(sc[0], a, kb[0], kb[1]);
+                mma_tile<T>(sc[1], a, kb[2], kb[3]);
+            }
+
+            // online softmax, base 2
+            const bool full = kt + BK <= kfull;
+            float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float v = sc[n][e] * sl2;
+                    if (!full) {
+                        const int key = kt + KPW * warp + 8 * n + 2 * tq + (e & 1);
+                        if (key >= ((e >> 1) ? e1 : e0)) v = NEG_INF;
+                    }
+                    sc[n][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
+            float alpha[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+                const float mnew = fmaxf(m[h], mx[h]);
+                const float mu = mnew == NEG_INF ? 0.f : mnew;  // no key yet: exp2(-inf - 0) = 0
+                alpha[h] = exp2f(m[h] - mu);
+                m[h] = mnew;
+                mx[h] = mu;
+            }
+            float ps[2] = {0.f, 0.f};
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float p = exp2f(sc[n][e] - mx[e >> 1]);
+                    sc[n][e] = p;
+                    ps[e >> 1] += p;
+                }
+            l[0] = l[0] * alpha[0] + ps[0];  // this lane's share; the 4 lanes of a row sum at the end
+            l[1] = l[1] * alpha[1] + ps[1];
+#pragma unroll
+            for (int n = 0; n < DT / 8; ++n) {
+                acc[n][0] *= alpha[0];
+                acc[n][1] *= alpha[0];
+                acc[n][2] *= alpha[1];
+                acc[n][3] *= alpha[1];
+            }
+
+            // O += P V: the score accumulators of key tiles 0, 1 are the A fragment of P
+            unsigned pa[4];
+            pa[0] = pack2<T>(sc[0][0], sc[0][1]);
+            pa[1] = pack2<T>(sc[0][2], sc[0][3]);
+            pa[2] = pack2<T>(sc[1][0], sc[1][1]);
+            pa[3] = pack2<T>(sc[1][2], sc[1][3]);
+#pragma unroll
+            for (int c = 0; c < DT / 16; ++c) {
+                // V (keys x columns) transposed: matrix mi = (keys 8 (mi & 1) .., chunk 2c +
+                // (mi >> 1)) -> b0, b1 of column tiles 2c and 2c + 1
+                unsigned vb[4];
+                const int row = KPW * warp + (mi & 1) * 8 + mr;
+                ldsm4<true>(vs + swz(row, 2 * c + (mi >> 1), ROWB), vb);
+                mma_tile<T>(acc[2 * c], pa, vb[0], vb[1]);
+                mma_tile<T>(acc[2 * c + 1], pa, vb[2], vb[3]);
+            }
+        }
+        cp_wait<0>();
+        __syncthreads();  // the ring is free: it holds the warps' states now
+
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+        }
+        float* o_s = reinterpret_cast<float*>(smem);  // [NW][16][DT]
+        float* m_s = o_s + NW * RTP * DT;             // [NW][16]
+        float* l_s = m_s + NW * RTP;
+        float* ow = o_s + warp * RTP * DT;
+#pragma unroll
+        for (int n = 0; n < DT / 8; ++n) {
+            const int d = 8 * n + 2 * tq;
+            *reinterpret_cast<float2*>(ow + g * DT + d) = make_float2(acc[n][0], acc[n][1]);
+            *reinterpret_cast<float2*>(ow + (g + 8) * DT + d) = make_float2(acc[n][2], acc[n][3]);
+        }
+        if (tq == 0) {
+            m_s[warp * RTP + g] = m[0];
+            m_s[warp * RTP + g + 8] = m[1];
+            l_s[warp * RTP + g] = l[0];
+            l_s[warp * RTP + g + 8] = l[1];
+        }
+    } else {
+        // ================= float32: CUDA cores, RT rows x 8 keys a warp and tile
+        constexpr int EL = DT / 32;  // output columns a lane owns
+        const int j = lane & 7, c4 = lane >> 3;
+        const float* qf = reinterpret_cast<const float*>(qsm);
+        float m[RT], l[RT], acc[RT][EL];
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+            m[r] = NEG_INF;
+            l[r] = 0.f;
+#pragma unroll
+            for (int e = 0; e < EL; ++e) acc[r][e] = 0.f;
+        }
+
+        for (int t = 0; t < nt; ++t) {
+            cp_wait<STAGES - 2>();
+            __syncthreads();  // tile t landed for every thread; every warp is done with t - 1
+            ring.issue(t + STAGES - 1);
+            const float* ksf = reinterpret_cast<const float*>(smem + (t % STAGES) * 2 * TILE * sizeof(T));
+            const float* vsf = ksf + TILE;
+            const int kt = k0 + t * BK;
+
+            // scores of key j (tile row KPW * warp + j, whose swizzle is j): this lane's
+            // quarter is chunks c4, c4 + 4, ...; the 8 lanes of one chunk column hit 8 banks
+            float sc[RT];
+#pragma unroll
+            for (int r = 0; r < RT; ++r) sc[r] = 0.f;
+            const float* krow = ksf + (KPW * warp + j) * DT;
+#pragma unroll
+            for (int ii = 0; ii < CH / 4; ++ii) {
+                const int ch = c4 + 4 * ii;
+                const float4 kv = *reinterpret_cast<const float4*>(krow + ((ch ^ j) << 2));
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+                    const float4 qv = *reinterpret_cast<const float4*>(qf + r * DT + ch * 4);
+                    sc[r] = fmaf(qv.x, kv.x, sc[r]);
+                    sc[r] = fmaf(qv.y, kv.y, sc[r]);
+                    sc[r] = fmaf(qv.z, kv.z, sc[r]);
+                    sc[r] = fmaf(qv.w, kv.w, sc[r]);
+                }
+            }
+            const bool full = kt + BK <= kfull;
+            const int key = kt + KPW * warp + j;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                float v = sc[r] + __shfl_xor_sync(0xffffffffu, sc[r], 8);
+                v += __shfl_xor_sync(0xffffffffu, v, 16);
+                v *= sl2;
+                if (!full && key >= row_end(r0 + r, R, Sq, Skv, causal, causal_offset, k1)) v = NEG_INF;
+                float mx = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+                const float mnew = fmaxf(m[r], mx);
+                const float mu = mnew == NEG_INF ? 0.f : mnew;  // no key yet: exp2(-inf - 0) = 0
+                const float alpha = exp2f(m[r] - mu);
+                m[r] = mnew;
+                const float p = exp2f(v - mu);
+                sc[r] = p;
+                l[r] = l[r] * alpha + p;  // this lane's key only; the 8 keys sum at the end
+#pragma unroll
+                for (int e = 0; e < EL; ++e) acc[r][e] *= alpha;
+            }
+            // O += P V: key jj's probabilities come from lane jj
+#pragma unroll
+            for (int jj = 0; jj < KPW; ++jj) {
+                const float* vrow = vsf + (KPW * warp + jj) * DT;
+                float vv[EL];
+                if constexpr (EL == 2) {
+                    const float2 x = *reinterpret_cast<const float2*>(vrow + (((lane >> 1) ^ jj) << 2) + ((lane & 1) << 1));
+                    vv[0] = x.x;
+                    vv[1] = x.y;
+                } else {
+#pragma unroll
+                    for (int q = 0; q < EL / 4; ++q) {
+                        const float4 x = *reinterpret_cast<const float4*>(vrow + (((lane + 32 * q) ^ jj) << 2));
+                        vv[4 * q] = x.x;
+                        vv[4 * q + 1] = x.y;
+                        vv[4 * q + 2] = x.z;
+                        vv[4 * q + 3] = x.w;
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+                    const float pj = __shfl_sync(0xffffffffu, sc[r], jj);
+#pragma unroll
+                    for (int e = 0; e < EL; ++e) acc[r][e] = fmaf(pj, vv[e], acc[r][e]);
+                }
+            }
+        }
+        cp_wait<0>();
+        __syncthreads();  // the ring is free: it holds the warps' states now
+
+        float* o_s = reinterpret_cast<float*>(smem);  // [NW][RT][DT]
+        float* m_s = o_s + NW * RTP * DT;             // [NW][RT]
+        float* l_s = m_s + NW * RTP;
+        float* ow = o_s + warp * RTP * DT;
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+            float lr = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
+            lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+            lr += __shfl_xor_sync(0xffffffffu, lr, 4);
+            if (lane == 0) {
+                m_s[warp * RTP + r] = m[r];
+                l_s[warp * RTP + r] = lr;
+            }
+            if constexpr (EL == 2) {
+                *reinterpret_cast<float2*>(ow + r * DT + 2 * lane) = make_float2(acc[r][0], acc[r][1]);
+            } else {
+#pragma unroll
+                for (int q = 0; q < EL / 4; ++q)
+                    *reinterpret_cast<float4*>(ow + r * DT + 4 * (lane + 32 * q)) =
+                        make_float4(acc[r][4 * q], acc[r][4 * q + 1], acc[r][4 * q + 2], acc[r][4 * q + 3]);
+            }
+        }
+    }
+    __syncthreads();
+
+    // ---- combine the warps (fixed order) and write O / LSE, or this split's partial
+    {
+        const float* o_s = reinterpret_cast<const float*>(smem);
+        const float* m_s = o_s + NW * RTP * DT;
+        const float* l_s = m_s + NW * RTP;
+        const i64 row0 = ((i64)b * Hkv + hk) * R + r0;  // LSE-order index of the tile's row 0
+        for (int idx = tid; idx < nrows * DT; idx += THREADS) {
+            const int r = idx / DT, d = idx - r * DT;
+            if (d >= D) continue;
+            float M = NEG_INF;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) M = fmaxf(M, m_s[w * RTP + r]);
+            float L = 0.f, o = 0.f;
+            if (M != NEG_INF) {
+#pragma unroll
+                for (int w = 0; w < NW; ++w) {
+                    const float mw = m_s[w * RTP + r];
+                    const float wt = mw == NEG_INF ? 0.f : exp2f(mw - M);
+                    L += wt * l_s[w * RTP + r];
+                    o += wt * o_s[(w * RTP + r) * DT + d];
+                }
+            }
+            // L >= 1 whenever M is finite (the max key adds 2^0); L == 0: no key seen
+            const float on = L > 0.f ? o / L : 0.f;
+            const i64 row = row0 + r;
+            if (S == 1) {
+                const int rr = r0 + r, g = rr / Sq, i = rr - g * Sq;
+                O[b * o_sb + i * o_ss + (i64)(hk * group + g) * o_sh + d] = from_f32<T>(on);
+                if (d == 0 && LSE != nullptr) LSE[row] = L > 0.f ? (M + log2f(L)) * attn::LN2 : NEG_INF;
+            } else {
+                work_o[(row * S + s) * D + d] = on;
+                if (d == 0) work_lse[row * S + s] = L > 0.f ? M + log2f(L) : NEG_INF;
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------ merge kernel
+// One warp a row: the S partials of the row, combined in split order through their LSE.
+template <typename T>
+__global__ void __launch_bounds__(decode::THREADS)
+    attention_decode_merge(ATTN_PARAMS(T), const float* __restrict__ work_o, const float* __restrict__ work_lse,
+                           int S) {
+    const float NEG_INF = -CUOPS_INF;
+    const i64 rows = (i64)B * Hq * Sq;
+    const i64 row = (i64)blockIdx.x * decode::NW + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;  // a whole warp: no shuffle is left waiting
+    const float* lse = work_lse + row * S;
+    float M = NEG_INF;
+    for (int s = lane; s < S; s += 32) M = fmaxf(M, lse[s]);
+    M = warp_reduce<FMax>(M);
+    float L = 0.f;
+    if (M != NEG_INF)
+        for (int s = lane; s < S; s += 32) L += exp2f(lse[s] - M);
+    L = warp_reduce<FSum>(L);
+    const int i = (int)(row % Sq), h = (int)((row / Sq) % Hq);
+    const i64 b = row / ((i64)Sq * Hq);
+    T* o = O + b * o_sb + i * o_ss + (i64)h * o_sh;
+    const float inv = M != NEG_INF ? 1.f / L : 0.f;
+    const float* wo = work_o + row * S * D;
+    for (int d = lane; d < D; d += 32) {
+        float acc = 0.f;
+        if (M != NEG_INF)
+            for (int s = 0; s < S; ++s) {
+                const float ls = lse[s];
+                if (ls != NEG_INF) acc += exp2f(ls - M) * wo[(i64)s * D + d];
+            }
+        o[d] = from_f32<T>(acc * inv);
+    }
+    if (lane == 0 && LSE != nullptr) LSE[row] = M != NEG_INF ? (M + log2f(L)) * attn::LN2 : NEG_INF;
+}
