@@ -1,7 +1,7 @@
 """Cold NVRTC compile time of each kernel file (empty CuPy cache) and the time a new
 process takes to load each compiled module from the warm disk cache.
 
-    python benchmarks/compile_times.py [--json PATH]
+    python benchmarks/compile_times.py [--json PATH] [--files attention.cu,attention_flash.cu]
 """
 import argparse
 import json
@@ -16,8 +16,11 @@ import cupy
 cupy.cuda.runtime.getDevice()
 cupy.empty(1)  # context creation stays out of the numbers
 from cupyops.ops import kernel_files
+only = set(sys.argv[1].split(",")) if len(sys.argv) > 1 and sys.argv[1] else None
 times = {}
 for kf in kernel_files():
+    if only and kf.filename not in only:
+        continue
     t = time.perf_counter()
     kf.compile()
     times[kf.filename] = time.perf_counter() - t
@@ -25,19 +28,20 @@ print(json.dumps(times))
 """
 
 
-def run_child(cache_dir):
+def run_child(cache_dir, files):
     env = dict(os.environ, CUPY_CACHE_DIR=cache_dir)
-    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", CHILD, files], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json")
+    ap.add_argument("--files", default="", help="comma-separated kernel file names (default: all)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as cache:
-        cold = run_child(cache)
-        warm = run_child(cache)
+        cold = run_child(cache, args.files)
+        warm = run_child(cache, args.files)
     rows = [{"file": f, "cold_s": round(cold[f], 3), "warm_load_ms": round(warm[f] * 1e3, 2)} for f in cold]
     for r in rows:
         print(f"{r['file']:12s} cold compile {r['cold_s']:7.2f} s   warm-cache load {r['warm_load_ms']:7.2f} ms")
