@@ -52,6 +52,25 @@ def cdiv(a, b):
     return -(-a // b)
 
 
+def smem_optin_or_none():
+    """The current device's per-block shared-memory opt-in, or None when CuPy or a GPU is
+    missing (a rung's supports() then leaves the check to the launch, which says what is
+    missing)."""
+    try:
+        return device_props().smem_per_block_optin
+    except (ImportError, RuntimeError):
+        return None
+
+
+def smem_reason(nbytes, what):
+    """None when ``nbytes`` of shared memory a block fit the current device (or no device
+    is visible), else why not, for a rung's supports()."""
+    limit = smem_optin_or_none()
+    if limit is None or nbytes <= limit:
+        return None
+    return f"{what} needs {nbytes // 1024} KB of shared memory a block; this GPU allows {limit // 1024} KB"
+
+
 def check_smem(nbytes, props, what):
     """Raise a clear error when ``what`` needs more shared memory than one block may have."""
     if nbytes > props.smem_per_block_optin:

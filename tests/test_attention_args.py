@@ -441,3 +441,20 @@ def test_attention_tolerances():
     tol = reference.TOLERANCE["attention"]
     assert set(tol) == set(_dtypes.FLOAT_TYPES)
     assert tol["float32"] <= 1e-4 and tol["float16"] < tol["bfloat16"] <= 2e-2
+
+
+def test_rungs_refuse_head_dims_whose_shared_memory_the_gpu_cannot_give(monkeypatch):
+    # A GPU with a 99 KB opt-in (consumer Ampere/Ada): flash_v1's head_dim-256 tier needs
+    # more, so it says so instead of failing at launch; smaller tiers still run.
+    import types as _types
+
+    from cupyops import _launch
+    from cupyops.ops import _attention_simt as S
+
+    props = _types.SimpleNamespace(smem_per_block_optin=99 * 1024)
+    monkeypatch.setattr(_launch, "device_props", lambda device_id=None: props)
+    p = _types.SimpleNamespace(dtype="float16", Hq=4, Hkv=2, D=256)
+    reason = S.supports("flash_v1", p)
+    assert reason is not None and reason.startswith("head_dim: flash_v1's head_dim-256 tier needs"), reason
+    p.D = 64
+    assert S.supports("flash_v1", p) is None

@@ -273,3 +273,16 @@ def test_compiles_without_spills(arch):
            or res.resources_of(ne).stack_bytes}
     assert not bad, bad
     assert not [ln for ln in res.log.splitlines() if "warning" in ln.lower()]
+
+
+def test_supports_refuses_a_tier_whose_shared_memory_the_gpu_cannot_give(monkeypatch):
+    # An A100-class opt-in (163 KB): the head_dim-256 ring (~205 KB) cannot launch there,
+    # so supports() says so and auto falls back; 128 still fits. With no GPU visible the
+    # check is left to the launch (see test_supports_the_claimed_range).
+    from cupyops import _launch
+
+    props = types.SimpleNamespace(smem_per_block_optin=163 * 1024)
+    monkeypatch.setattr(_launch, "device_props", lambda device_id=None: props)
+    reason = M.supports("decode", _problem(D=256))
+    assert reason is not None and reason.startswith("head_dim: decode's head_dim-256 tier needs"), reason
+    assert M.supports("decode", _problem(D=128)) is None

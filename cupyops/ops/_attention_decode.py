@@ -243,7 +243,10 @@ def supports(impl, p):
         return f"head_dim: decode supports 1..{MAX_HEAD_DIM}, got {p.D}"
     if p.Hkv < 1 or p.Hq % p.Hkv:
         return f"k: decode needs kv_heads to divide q_heads ({p.Hq}), got {p.Hkv}"
-    return None
+    # the head_dim-256 tier's ring needs more than an A100-class GPU's opt-in: auto falls back
+    dt = head_dim_tier(p.D)
+    rt = row_tile(p.dtype, dt, (p.Hq // p.Hkv) * p.Sq)
+    return _launch.smem_reason(smem_bytes(p.dtype, dt, rt), f"head_dim: decode's head_dim-{dt} tier")
 
 
 _PLANS = {}  # memoized plans (AttentionProblem.shape_key, SMs)

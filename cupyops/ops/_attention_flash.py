@@ -58,6 +58,8 @@ def supports(impl, p):
     reason = _shape_reason(p)
     if reason is None and not p.aligned16():
         reason = "q: flash needs 16-byte aligned rows in q, k, v and out (pointers and strides)"
+    if reason is None:
+        reason = _launch.smem_reason(smem_bytes(p.D, next(iter(CONFIGS[p.D]))), f"head_dim: flash at head_dim {p.D}")
     return reason
 
 

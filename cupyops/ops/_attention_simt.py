@@ -107,6 +107,11 @@ def supports(impl, p):
         return f"head_dim: {impl} supports 1..{MAX_HEAD_DIM}, got {p.D}"
     if p.Hkv < 1 or p.Hq % p.Hkv:
         return f"k: kv_heads ({p.Hkv}) must divide q_heads ({p.Hq})"
+    if impl == "tiled":
+        return _launch.smem_reason(tiled_smem(p.D), f"head_dim: tiled at head_dim {p.D}")
+    if impl == "flash_v1":
+        tier = head_dim_tier(p.D)
+        return _launch.smem_reason(flash_v1_smem(tier), f"head_dim: flash_v1's head_dim-{tier} tier")
     return None
 
 
