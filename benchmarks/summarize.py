@@ -143,6 +143,21 @@ def _best_baseline(impls):
     return min(runs, key=lambda r: r["ms"]) if runs else None
 
 
+def _target_cell(run, ratio, rung, tgt, label, versus, misses):
+    """The target column of one attention row (``ratio`` of ``rung`` against ``versus``),
+    appending to ``misses`` when the rung did not run or its ratio is under the target; a
+    ratio missing because the baseline did not run is "n/a", not a miss."""
+    if run is None or run.get("status") != "ok":
+        misses.append(f"{label} did not run")
+        return f"{tgt:.2f} **miss** ({rung}: {run.get('status') if run else 'not run'})"
+    if ratio is None:
+        return f"{tgt:.2f} n/a"
+    if ratio < tgt:
+        misses.append(f"{label} vs {versus}")
+        return f"{tgt:.2f} **miss**"
+    return f"{tgt:.2f}"
+
+
 def attention_tables(by_case):
     """The attention cases: prefill (TFLOP/s, flash vs torch-flash and torch-cudnn) and
     decode (GB/s, decode vs the best SDPA backend). Returns the misses; a target whose
@@ -163,15 +178,7 @@ def attention_tables(by_case):
             f, a, best = impls.get(rung), impls.get("auto"), _best_baseline(impls)
             vs_flash = _ratio(f, impls.get(base))
             vs_cudnn = _ratio(f, impls.get("torch-cudnn"))
-            if f is None or f.get("status") != "ok":
-                cell_tgt = f"{tgt:.2f} **miss** ({rung}: {f.get('status') if f else 'not run'})"
-                misses.append(f"attention {rung} {dt} {shape} {mask} did not run")
-            elif vs_flash is None:
-                cell_tgt = f"{tgt:.2f} n/a"
-            else:
-                cell_tgt = f"{tgt:.2f}" + ("" if vs_flash >= tgt else " **miss**")
-                if vs_flash < tgt:
-                    misses.append(f"attention {rung} {dt} {shape} {mask} vs {base}")
+            cell_tgt = _target_cell(f, vs_flash, rung, tgt, f"attention {rung} {dt} {shape} {mask}", base, misses)
             print(f"| {dt} | {shape} | {mask} | {_num(f, 'ms', '.4f')} | {_num(f, 'tflops', '.1f')} | "
                   f"{_x(vs_flash)} | {_x(vs_cudnn)} | {_num(a, 'tflops', '.1f')} | "
                   f"{_x(_ratio(a, best))} | {best['impl'] if best else '-'} | {cell_tgt} |")
@@ -183,15 +190,7 @@ def attention_tables(by_case):
         for (_, _, dt, shape, mask), impls in decode:
             d, a, best = impls.get(rung), impls.get("auto"), _best_baseline(impls)
             vs_best = _ratio(d, best)
-            if d is None or d.get("status") != "ok":
-                cell_tgt = f"{tgt:.2f} **miss** ({rung}: {d.get('status') if d else 'not run'})"
-                misses.append(f"attention {rung} {dt} {shape} did not run")
-            elif vs_best is None:
-                cell_tgt = f"{tgt:.2f} n/a"
-            else:
-                cell_tgt = f"{tgt:.2f}" + ("" if vs_best >= tgt else " **miss**")
-                if vs_best < tgt:
-                    misses.append(f"attention {rung} {dt} {shape} vs best SDPA")
+            cell_tgt = _target_cell(d, vs_best, rung, tgt, f"attention {rung} {dt} {shape}", "best SDPA", misses)
             print(f"| {dt} | {shape} | {mask} | {_num(d, 'ms', '.4f')} | {_num(d, 'gbps', '.0f')} | "
                   f"{_num(d, 'pct_copy_bw', '.1f')} | {_num(d, 'tflops', '.2f')} | "
                   f"{best['impl'] if best else '-'} | {_x(vs_best)} | {_x(_ratio(a, best))} | "
