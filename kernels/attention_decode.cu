@@ -88,21 +88,7 @@ template <typename T, int DT, int RT> struct MinBlocks {
     static constexpr int value = DT == 64 ? (sizeof(T) == 4 && RT == 16 ? 2 : 3) : DT == 128 ? 2 : 1;
 };
 
-// Byte offset of 16-byte chunk c of row j in a swizzled tile of rows of `rowb` bytes.
-__device__ __forceinline__ unsigned swz(int j, int c, int rowb) {
-    return static_cast<unsigned>(j * rowb + ((c ^ (j & 7)) << 4));
-}
-
-// Two floats as the 32-bit pair of T an mma fragment register holds (first in the low half).
-template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
-template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&h);
-}
-template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&h);
-}
+// (swizzle16, pack2: ptx.cuh)
 
 // Can this tensor be moved in 16-byte pieces: pointer, strides and head_dim all multiples
 // of 16 bytes? Uniform per launch.
@@ -175,7 +161,7 @@ template <typename T, int DT, int STAGES> struct Ring {
                 for (int u = 0; u < COPIES; ++u) {
                     const bool ok = cok && j0 + u * RSTEP < rows;
                     const unsigned off = XOR_STEP ? off0 + (unsigned)(u * RSTEP * ROWB) + ((cx ^ ((u * RSTEP) & 7)) << 4)
-                                                  : swz(j0 + u * RSTEP, c, ROWB);
+                                                  : swizzle16(j0 + u * RSTEP, c, ROWB);
                     // zero-filled (0 source bytes: nothing read) past the keys and head_dim
                     cp16_zfill(ks + off, ok ? kq + (i64)(u * RSTEP) * k_ss : K, ok ? 16 : 0);
                     cp16_zfill(ks + TILE_BYTES + off, ok ? vq + (i64)(u * RSTEP) * v_ss : V, ok ? 16 : 0);
@@ -199,7 +185,7 @@ template <typename T, int DT, int STAGES> struct Ring {
 #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const int idx = b0 + u * THREADS, j = idx / DT, d = idx - j * DT;
-                        const unsigned off = swz(j, d / VEC, ROWB) / sizeof(T) + d % VEC;
+                        const unsigned off = swizzle16(j, d / VEC, ROWB) / sizeof(T) + d % VEC;
                         ksp[off] = kx[u];
                         vsp[off] = vx[u];
                     }
@@ -300,7 +286,7 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
         for (int u = 0; u < QN; ++u) {
             const int idx = tid + u * THREADS, r = idx / DT, d = idx - r * DT;
             if constexpr (C::MMA) {
-                *reinterpret_cast<T*>(qsm + swz(r, d / VEC, ROWB) + (d % VEC) * sizeof(T)) = from_f32<T>(qv[u]);
+                *reinterpret_cast<T*>(qsm + swizzle16(r, d / VEC, ROWB) + (d % VEC) * sizeof(T)) = from_f32<T>(qv[u]);
             } else {
                 reinterpret_cast<float*>(qsm)[r * DT + d] = qv[u];
             }
@@ -334,12 +320,12 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
                 unsigned a[4], kb[4];
                 {   // Q: matrix mi = (rows 8 (mi & 1) .., chunk 2kk + (mi >> 1)) -> a0..a3
                     const int row = (mi & 1) * 8 + mr;
-                    ldsm4<false>(qs + swz(row, 2 * kk + (mi >> 1), ROWB), a);
+                    ldsm4<false>(qs + swizzle16(row, 2 * kk + (mi >> 1), ROWB), a);
                 }
                 {   // K: matrix mi = (keys 8 (mi >> 1) .., chunk 2kk + (mi & 1)) -> b0, b1 of
                     // key tiles 0 and 1
                     const int row = KPW * warp + (mi >> 1) * 8 + mr;
-                    ldsm4<false>(ks + swz(row, 2 * kk + (mi & 1), ROWB), kb);
+                    ldsm4<false>(ks + swizzle16(row, 2 * kk + (mi & 1), ROWB), kb);
                 }
                 mma_tile<T>(sc[0], a, kb[0], kb[1]);
                 mma_tile<T>(sc[1], a, kb[2], kb[3]);
@@ -402,7 +388,7 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
                 // (mi >> 1)) -> b0, b1 of column tiles 2c and 2c + 1
                 unsigned vb[4];
                 const int row = KPW * warp + (mi & 1) * 8 + mr;
-                ldsm4<true>(vs + swz(row, 2 * c + (mi >> 1), ROWB), vb);
+                ldsm4<true>(vs + swizzle16(row, 2 * c + (mi >> 1), ROWB), vb);
                 mma_tile<T>(acc[2 * c], pa, vb[0], vb[1]);
                 mma_tile<T>(acc[2 * c + 1], pa, vb[2], vb[3]);
             }

@@ -46,9 +46,7 @@ namespace cuops {
 namespace aflash {
 
 // Byte offset of 16-byte chunk c of row r in a swizzled tile of D-element rows.
-template <int D> __device__ __forceinline__ unsigned tile_off(int r, int c) {
-    return r * (D * 2) + ((c ^ (r & 7)) << 4);
-}
+template <int D> __device__ __forceinline__ unsigned tile_off(int r, int c) { return swizzle16(r, c, D * 2); }
 
 // cp.async rows [r0, r0 + ROWS) of x (row stride ss) into the tile at s; rows at or past
 // nvalid are zero-filled (so masked keys meet zeros in V, never stale NaN). Thread tid
@@ -96,17 +94,6 @@ template <> __device__ __forceinline__ unsigned scale2<__half>(unsigned w, float
 template <> __device__ __forceinline__ unsigned scale2<__nv_bfloat16>(unsigned w, float a) {
     __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&w);
     h = __hmul2(h, __float2bfloat162_rn(a));
-    return *reinterpret_cast<const unsigned*>(&h);
-}
-
-// Two floats -> one register of two T (the low half is the first, as mma fragments want).
-template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
-template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const unsigned*>(&h);
-}
-template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const unsigned*>(&h);
 }
 

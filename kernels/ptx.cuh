@@ -27,6 +27,26 @@ template <int N> __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// Byte offset of 16-byte chunk c of row r in a shared tile of `row_bytes`-byte rows,
+// XOR-swizzled (chunk c of row r lives at chunk c ^ (r & 7)): ldmatrix reading 8 rows at one
+// chunk, and 8 lanes writing the chunks of one row, each hit 8 distinct bank groups. Rows
+// need at least 8 chunks (the XOR stays inside the row).
+__device__ __forceinline__ unsigned swizzle16(int r, int c, int row_bytes) {
+    return static_cast<unsigned>(r * row_bytes + ((c ^ (r & 7)) << 4));
+}
+
+// Two floats -> one register of two 16-bit T (the first in the low half), as the mma
+// fragments of f16 / bf16 operands hold them.
+template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&h);
+}
+template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&h);
+}
+
 // Four 8x8 matrices of 16-bit elements (8 rows of 16 bytes each; lanes 8i..8i+7 give the
 // row addresses of matrix i). Without .trans lane l receives, of matrix i, row l/4,
 // elements 2(l%4) and 2(l%4)+1 in register i; with .trans it receives column l/4, rows
