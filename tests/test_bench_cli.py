@@ -308,6 +308,9 @@ def test_finalize_gbps_pct_and_speedup():
     nbytes = 2 * 16384 * 8192 * 2
     assert by["fused"]["gbps"] == pytest.approx(nbytes / 0.25e-3 / 1e9)
     assert by["fused"]["pct_copy_bw"] == pytest.approx(100 * by["fused"]["gbps"] / 2000.0)
+    assert by["fused"]["pct_copy_same"] is None  # no same-bytes copy timed for the case
+    (same,) = report.finalize([dict(fake_rows()[2], copy_ms=0.2)], copy_gbps=2000.0)
+    assert same["pct_copy_same"] == pytest.approx(100 * 0.2 / same["ms"])
     assert by["fused"]["baseline"] == "torch"  # the faster of cupy and torch
     assert by["fused"]["speedup_vs_best_baseline"] == pytest.approx(2.0)
     assert by["online"]["speedup_vs_best_baseline"] == pytest.approx(1.0)

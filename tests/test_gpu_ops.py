@@ -16,6 +16,8 @@ on machines without a GPU.
 """
 import math
 
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -390,6 +392,36 @@ def test_warmup_compiles_every_kernel_file():
     assert cupyops.warmup("softmax") == ["softmax.cu"]
     assert cupyops.warmup(["trace", "sum", "max"]) == ["reduce.cu"]
     assert cupyops.warmup(["layer_norm", "rms_norm"]) == ["norm.cu"]
+
+
+def test_threads_asking_for_one_file_share_a_single_compile(monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    kf = cupyops.ops.softmax.KERNELS
+    dev = cp.cuda.runtime.getDevice()
+    builds = []
+    real_build = type(kf)._build
+
+    def counting_build(self):
+        builds.append(threading.get_ident())
+        return real_build(self)
+
+    monkeypatch.setattr(type(kf), "_build", counting_build)
+    monkeypatch.setattr(kf, "_modules", {})  # forget the module: the next use builds it
+    monkeypatch.setattr(kf, "_functions", {})
+    name = kf.name_expressions[0]
+
+    def first_use(_):
+        cp.cuda.Device(dev).use()
+        return kf.function(name)
+
+    with ThreadPoolExecutor(8) as pool:
+        fns = list(pool.map(first_use, range(8)))
+    assert len(builds) == 1
+    assert len({int(f.ptr) for f in fns}) == 1  # one module: one address for the kernel
+    wait = cupyops._kernels.warmup_async(["softmax", "sum"])
+    assert wait() == ["softmax.cu", "reduce.cu"]
+    assert len(builds) == 1  # already compiled: nothing rebuilt
 
 
 # ---------------------------------------------------------------------------- hypothesis

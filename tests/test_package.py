@@ -32,6 +32,12 @@ def test_includes_are_inlined_with_line_markers():
     assert "struct MaxSum" in src  # the header's text is part of the source, so of CuPy's cache key
 
 
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True])
+def test_warmup_rejects_a_bad_thread_count_before_anything(threads):
+    with pytest.raises(ValueError, match="threads: must be a positive int"):
+        cupyops.warmup(threads=threads)
+
+
 def test_template_name():
     assert _kernels.template_name("k") == "k"
     assert _kernels.template_name("softmax_fused", "__half", 4) == "softmax_fused<__half, 4>"

@@ -23,6 +23,7 @@ COLUMNS = (
     ("ms", "ms", ">"),
     ("GB/s", "gbps", ">"),
     ("% copy", "pct_copy_bw", ">"),
+    ("% copy same B", "pct_copy_same", ">"),
     ("TFLOP/s", "tflops", ">"),
     ("vs best base", "speedup_vs_best_baseline", ">"),
     ("vs each base", "speedups", "<"),
@@ -54,6 +55,8 @@ def finalize(rows, copy_gbps):
         bw = timed and r.get("gbps_meaningful", True)
         r["gbps"] = r["bytes"] / (ms * 1e-3) / 1e9 if bw else None
         r["pct_copy_bw"] = 100.0 * r["gbps"] / copy_gbps if bw and copy_gbps else None
+        # against a copy moving the same bytes (timed in the same run): the measure
+        r["pct_copy_same"] = 100.0 * r["copy_ms"] / ms if bw and r.get("copy_ms") else None
         r["tflops"] = r["flops"] / (ms * 1e-3) / 1e12 if timed and r.get("flops") else None
         b = best.get(case_key(r))
         r["baseline"] = b["impl"] if b else None
@@ -119,6 +122,7 @@ def cells(row, note_width=60):
         _ms(row.get("ms") if row.get("status") == "ok" else None),
         _num(row.get("gbps")),
         _num(row.get("pct_copy_bw")),
+        _num(row.get("pct_copy_same")),
         _num(row.get("tflops")),
         "" if spd is None else f"{spd:.2f}x",
         speedups_cell(row.get("speedups")),
@@ -186,7 +190,9 @@ def header_lines(meta):
     if bw:
         mib = s.get("copy_mib")
         size = f" of {mib} MiB" if mib else ""
-        lines.append(f"copy bandwidth (device-to-device memcpy{size}, read + write): {bw:.0f} GB/s")
+        lines.append(f"copy bandwidth (device-to-device memcpy{size}, read + write): {bw:.0f} GB/s; "
+                     "% copy = GB/s over it; % copy same B = time of a memcpy moving the case's "
+                     "bytes (half read, half written; timed the same way) over this time")
     ho = meta.get("host_overhead_us") or {}
     if ho:
         parts = [f"{HOST_LABELS.get(k, k)} {'failed' if v is None else f'{v:.1f} us'}"

@@ -107,6 +107,24 @@ def copy_bandwidth(nbytes=1 << 30, *, repeats=20, warmup=3, flush=None):
     return 2 * nbytes / (t.median_ms * 1e-3) / 1e9
 
 
+def copy_ms_for(nbytes, *, repeats=20, warmup=3, flush=None):
+    """Median milliseconds of a device-to-device copy that moves ``nbytes`` in all (reads
+    ``nbytes // 2``, writes as many): the issue's "copy bandwidth of the same bytes". A
+    copy of 128 MiB pays the same launch, ramp-up and drain as a 128 MiB reduction, which
+    the 1 GiB copy behind ``copy_bandwidth`` hides."""
+    import cupy
+
+    half = max(16, nbytes // 2)
+    src = cupy.empty(half, dtype=cupy.uint8)
+    src.fill(1)
+    dst = cupy.empty_like(src)
+
+    def copy():
+        dst.data.copy_from_device_async(src.data, half)
+
+    return time_gpu(copy, repeats=repeats, warmup=warmup, flush=flush, budget_s=10.0).median_ms
+
+
 def host_overhead_us(fn, *, calls=2000, warmup=50):
     """CPU microseconds per call of ``fn`` issued back to back (the GPU work is tiny, so
     this is the Python + launch cost a user pays per call). The final synchronisation is
