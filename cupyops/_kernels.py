@@ -18,6 +18,7 @@ import functools
 import os
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
@@ -152,11 +153,13 @@ def warmup(ops=None, *, threads=None):
     return warmup_async(ops, threads=threads)()
 
 
-def warmup_async(ops=None, *, threads=None):
+def warmup_async(ops=None, *, threads=None, on_compiled=None):
     """Start compiling the kernel files behind ``ops`` in background threads and return at
     once. Returns ``wait()``: it blocks until every file is compiled and raises the first
-    CompileError. Operators called meanwhile wait only for their own file."""
-    pool, futures, names = _start(ops, threads)
+    CompileError. Operators called meanwhile wait only for their own file.
+    ``on_compiled(filename, seconds)`` is called (from the compiling thread) as each file
+    is ready."""
+    pool, futures, names = _start(ops, threads, on_compiled)
 
     def wait():
         try:
@@ -169,7 +172,7 @@ def warmup_async(ops=None, *, threads=None):
     return wait
 
 
-def _start(ops, threads):
+def _start(ops, threads, on_compiled=None):
     from . import ops as _ops
     from ._arrays import cupy_module
 
@@ -182,8 +185,11 @@ def _start(ops, threads):
     workers = threads or max(1, min(len(files), os.cpu_count() or 1))
 
     def build(kf):
+        t0 = time.perf_counter()
         cp.cuda.Device(device_id).use()  # the module belongs to the caller's device
         kf.compile()
+        if on_compiled is not None:
+            on_compiled(kf.filename, time.perf_counter() - t0)
 
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cupyops-nvrtc")
     futures = [pool.submit(build, kf) for kf in files]

@@ -297,7 +297,8 @@ def start_compiling(ops):
         import cupyops
         from cupyops._kernels import warmup_async
 
-        wait = warmup_async([op for op in ops if op in cupyops.OPS])
+        wait = warmup_async([op for op in ops if op in cupyops.OPS],
+                            on_compiled=lambda f, s: log(f"  compiled {f} in {s:.1f} s"))
     except Exception as exc:
         log(f"background compile not started ({type(exc).__name__}: {exc})")
         return lambda: None

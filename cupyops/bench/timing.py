@@ -8,6 +8,15 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from .._kernels import KernelFile
+
+# kernels/timing.cu: a kernel that holds the stream until the host has queued a batch.
+HOLD = KernelFile("timing.cu", ["hold_until_released"])
+# Repeats queued behind one hold: few enough that the launch queue never fills (the host
+# would then block inside a launch while the GPU waits for the release).
+HOLD_BATCH = 10
+HOLD_TIMEOUT_NS = 1_000_000_000
+
 # The flush buffer is this many times the L2 size: writing 2x L2 already evicts
 # everything in theory; the margin covers L2 partitions and replacement-policy quirks
 # for a few tens of microseconds per repeat.
@@ -61,7 +70,7 @@ def time_one(fn):
     return cupy.cuda.get_elapsed_time(start, end)
 
 
-def time_gpu(fn, *, repeats=50, warmup=5, flush=None, budget_s=2.0, min_repeats=3):
+def time_gpu(fn, *, repeats=50, warmup=5, flush=None, budget_s=2.0, min_repeats=3, held=True):
     """Median event time of ``fn()`` over ``repeats`` calls, each after an L2 flush.
 
     The first warm-up call is timed alone to size the rest: a textbook rung can take a
@@ -78,17 +87,53 @@ def time_gpu(fn, *, repeats=50, warmup=5, flush=None, budget_s=2.0, min_repeats=
     starts = [cupy.cuda.Event() for _ in range(n)]
     ends = [cupy.cuda.Event() for _ in range(n)]
     _sync()
-    # All repeats are queued back to back and read after one synchronisation: the host
-    # never stalls the GPU between repeats, and the flush hides the launch latency.
-    for s, e in zip(starts, ends):
-        if flush is not None:
-            flush()
-        s.record()
-        fn()
-        e.record()
+    # Repeats are queued in batches behind a hold kernel (kernels/timing.cu) and released
+    # together: the GPU then runs flush, event, call, event back to back and never waits
+    # for the host inside an event pair, however long the call's Python side takes.
+    hold = _Hold() if held else None
+    for b in range(0, n, HOLD_BATCH):
+        if hold is not None:
+            hold.engage()
+        for s, e in zip(starts[b:b + HOLD_BATCH], ends[b:b + HOLD_BATCH]):
+            if flush is not None:
+                flush()
+            s.record()
+            fn()
+            e.record()
+        if hold is not None:
+            hold.release()
     ends[-1].synchronize()
+    if hold is not None and hold.timed_out():  # the batch outlived the hold: time it plainly
+        return time_gpu(fn, repeats=repeats, warmup=0, flush=flush, budget_s=budget_s,
+                        min_repeats=min_repeats, held=False)
     times = [cupy.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends)]
     return Timing(statistics.median(times), min(times), n)
+
+
+class _Hold:
+    """A flag in pinned host memory that the hold kernel polls (mapped into the device's
+    address space: unified addressing), and a device word it sets when it gave up."""
+
+    def __init__(self):
+        import cupy
+        import numpy as np
+
+        self._mem = cupy.cuda.alloc_pinned_memory(4)
+        self._flag = np.frombuffer(self._mem, np.int32, 1)
+        self._timed_out = cupy.zeros(1, cupy.int32)
+        self._kernel = HOLD.function("hold_until_released")
+
+    def engage(self):
+        import numpy as np
+
+        self._flag[0] = 0
+        self._kernel((1,), (1,), (np.uint64(self._mem.ptr), np.int64(HOLD_TIMEOUT_NS), self._timed_out))
+
+    def release(self):
+        self._flag[0] = 1
+
+    def timed_out(self):
+        return bool(self._timed_out.get()[0])
 
 
 def copy_bandwidth(nbytes=1 << 30, *, repeats=20, warmup=3, flush=None):
