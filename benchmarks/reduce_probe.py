@@ -1,9 +1,9 @@
 """Probe of the memory-bound family's last gaps (issue 2): float32 sums against CuPy's CUB,
-2-byte whole-array sums, 2-byte row max, and whether an L2 prefetch hint on the 16-byte
-loads (CUOPS_L2_PREFETCH in kernels/common.cuh) buys anything.
+2-byte whole-array sums, 2-byte row max. (Commit c35bc3e also probed an L2::128B/256B
+prefetch hint on the 16-byte loads and cp.async: no change anywhere; it was removed.)
 
-Each variant changes one thing for the whole process (a compile option, a launch-plan
-function of cupyops/ops/reduce.py, or the rung), is checked against CuPy on the same input,
+Each variant changes one thing for the whole process (a launch-plan function of
+cupyops/ops/reduce.py, or the rung), is checked against CuPy on the same input,
 and is timed like the benchmark (CUDA events, read flush before each repeat, median), side
 by side with cupy and torch and with a device copy moving the same bytes.
 
@@ -13,15 +13,14 @@ import argparse
 import contextlib
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import cupy as cp
 import numpy as np
 
 import cupyops
-from cupyops import _kernels, _launch
+from cupyops import _launch
 from cupyops.bench.timing import L2Flusher, copy_bandwidth, copy_ms_for, time_gpu
-from cupyops.ops import _rows, norm, reduce, softmax
+from cupyops.ops import reduce
 
 try:
     import torch
@@ -53,30 +52,6 @@ CASES = [  # (op, dtype, shape, axis)
 
 
 # ------------------------------------------------------------------ variants
-def _with_options(option):
-    """The three memory-bound kernel files recompiled with one extra NVRTC option."""
-    mods = (reduce, softmax, norm)
-    files = {m: _kernels.KernelFile(m.KERNELS.filename, m.KERNELS.name_expressions,
-                                     options=(option,)) for m in mods}
-    for m in mods:  # the constructor registered the copy under the file's name: undo
-        _kernels.KernelFile.registry[m.KERNELS.filename] = m.KERNELS
-    return files
-
-
-@contextlib.contextmanager
-def swapped(files):
-    saved = {m: m.KERNELS for m in files}
-    try:
-        for m, kf in files.items():
-            m.KERNELS = kf
-        _rows._plans.clear()
-        yield
-    finally:
-        for m, kf in saved.items():
-            m.KERNELS = kf
-        _rows._plans.clear()
-
-
 @contextlib.contextmanager
 def patched(module, name, value):
     saved = getattr(module, name)
@@ -87,11 +62,12 @@ def patched(module, name, value):
         setattr(module, name, saved)
 
 
-def group_with_batches(batches):
-    """reduce.vector_group with ``batches`` rounds of 4 loads a thread instead of 4."""
+def group_with_batches(batches, cap):
+    """reduce.vector_group with ``batches`` rounds of 4 loads a thread and at most ``cap``
+    threads a group (the rule in reduce.py: 2 and 256; before this probe: 4 and 512)."""
     def vector_group(L, itemsize):
         nvec = _launch.cdiv(L * itemsize, 16)
-        return min(512, max(4, _launch.pow2_ceil(_launch.cdiv(nvec, 4 * batches))))
+        return min(cap, max(4, _launch.pow2_ceil(_launch.cdiv(nvec, 4 * batches))))
     return vector_group
 
 
@@ -107,19 +83,17 @@ def split_with(min_len, per_sm):
     return split_plan
 
 
-def variants(hint_files):
+def variants():
     """name -> (applies(op, dtype, axis), context manager factory, impl)"""
     red = lambda op, dt, ax: op in ("sum", "max")  # noqa: E731
     whole = lambda op, dt, ax: op == "sum" and ax is None  # noqa: E731
     f32 = lambda op, dt, ax: op in ("sum", "max") and dt == "float32"  # noqa: E731
     v = {"current": (lambda *a: True, contextlib.nullcontext, "auto")}
-    for name, files in hint_files.items():
-        v[name] = (lambda *a: True, lambda f=files: swapped(f), "auto")
-        v[name + "+vector"] = (f32, lambda f=files: swapped(f), "vector")
     v["vector"] = (f32, contextlib.nullcontext, "vector")
     v["block"] = (red, contextlib.nullcontext, "block")
-    for b in (1, 2, 8):
-        v[f"batches{b}"] = (red, lambda b=b: patched(reduce, "vector_group", group_with_batches(b)), "vector")
+    for b, cap in ((1, 256), (2, 256), (4, 256), (8, 256), (2, 512), (4, 512)):
+        v[f"batches{b}/{cap}"] = (
+            red, lambda b=b, c=cap: patched(reduce, "vector_group", group_with_batches(b, c)), "vector")
     for min_len, per_sm in ((8192, 64), (32768, 64), (65536, 64), (16384, 16), (16384, 32), (16384, 128)):
         v[f"seg{min_len // 1024}k/{per_sm}"] = (
             whole, lambda a=min_len, b=per_sm: patched(reduce, "split_plan", split_with(a, b)), "auto")
@@ -184,23 +158,14 @@ def main():
     args = ap.parse_args()
     cases = [c for c in CASES if not args.only or c[0] in args.only.split(",")]
     t0 = time.perf_counter()
-    hint_files = {"l2_256": _with_options("-DCUOPS_L2_PREFETCH=256"),
-                  "l2_128": _with_options("-DCUOPS_L2_PREFETCH=128")}
     dev = cp.cuda.runtime.getDevice()
-
-    def build(kf):
-        cp.cuda.Device(dev).use()
-        kf.compile()
-
-    every = [m.KERNELS for m in (reduce, softmax, norm)] + [kf for f in hint_files.values() for kf in f.values()]
-    with ThreadPoolExecutor(len(every)) as pool:
-        list(pool.map(build, every))
-    print(f"compiled {len(every)} modules in {time.perf_counter() - t0:.1f} s", flush=True)
+    cupyops.warmup(["sum", "softmax", "layer_norm"])
+    print(f"compiled in {time.perf_counter() - t0:.1f} s", flush=True)
 
     flush = L2Flusher()
     copy_bw = copy_bandwidth(1 << 30, flush=flush)
     print(f"copy bandwidth (1 GiB) {copy_bw:.0f} GB/s", flush=True)
-    table = variants(hint_files)
+    table = variants()
     results = []
     for op, dt, shape, axis in cases:
         x = cp.random.standard_normal(shape, dtype=cp.float32).astype(

@@ -25,6 +25,12 @@ from pathlib import Path
 
 # C++17 for `if constexpr`; CuPy appends -arch for the device and -ftz=true itself.
 NVRTC_OPTIONS = ("--std=c++17",)
+# For the files with many large instantiations (the GEMM tile configurations): NVRTC
+# optimises the kernels on all cores instead of one. Two cores: gemm_mma.cu 45 s -> 26 s,
+# same cubin size, same registers (one kernel of 56 differs by one); gemm_skinny.cu
+# 30 s -> 22 s, identical. Not used on the tuned memory-bound files, where some kernels
+# moved by a register or two.
+SPLIT_COMPILE = ("--split-compile=0",)
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 
@@ -89,7 +95,8 @@ class KernelFile:
     def __init__(self, filename, name_expressions, *, options=()):
         self.filename = filename
         self.name_expressions = list(dict.fromkeys(name_expressions))
-        self.options = NVRTC_OPTIONS + tuple(options)
+        self.extra_options = tuple(options)  # this file's own, after NVRTC_OPTIONS
+        self.options = NVRTC_OPTIONS + self.extra_options
         self._modules = {}
         self._functions = {}
         # Held while this file compiles: a launch (or another warm-up thread) that needs the

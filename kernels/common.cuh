@@ -71,33 +71,10 @@ template <> struct AccOf<MaxOp, i64> { typedef i64 type; };
 // ---------------------------------------------------------------- 16-byte vectors
 template <typename T> struct Vec { static constexpr int N = 16 / sizeof(T); };
 
-// One 16-byte read-only load. CUOPS_L2_PREFETCH (compile-time, 0 by default) asks the L2
-// to fetch the surrounding 128 or 256 bytes from DRAM along with it: the streaming
-// kernels read every byte of long contiguous runs, so the prefetch costs no extra traffic
-// (benchmarks/reduce_probe.py measures whether it buys anything).
-#ifndef CUOPS_L2_PREFETCH
-#define CUOPS_L2_PREFETCH 0
-#endif
-__device__ __forceinline__ uint4 ldg16(const void* p) {
-#if CUOPS_L2_PREFETCH == 256
-    uint4 r;
-    asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    return r;
-#elif CUOPS_L2_PREFETCH == 128
-    uint4 r;
-    asm("ld.global.nc.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    return r;
-#else
-    return __ldg(reinterpret_cast<const uint4*>(p));
-#endif
-}
-
 // Read 16 bytes (N elements) as floats. p must be 16-byte aligned.
 template <typename T>
 __device__ __forceinline__ void load_vec(const T* p, float (&out)[Vec<T>::N]) {
-    uint4 raw = ldg16(p);
+    uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
     for (int j = 0; j < Vec<T>::N; ++j) out[j] = to_f32(e[j]);
@@ -106,7 +83,7 @@ __device__ __forceinline__ void load_vec(const T* p, float (&out)[Vec<T>::N]) {
 // Read 16 bytes as accumulator values (exact for integers, unlike the float path).
 template <typename A, typename T>
 __device__ __forceinline__ void load_vec_acc(const T* p, A (&out)[Vec<T>::N]) {
-    uint4 raw = ldg16(p);
+    uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
     for (int j = 0; j < Vec<T>::N; ++j) out[j] = to_acc<A>(e[j]);
@@ -264,13 +241,7 @@ __device__ __forceinline__ ClusterChunk cluster_chunk(int n, int chunk) {
 // 2-byte types). Works from sm_80.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-#if CUOPS_L2_PREFETCH == 256
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-#elif CUOPS_L2_PREFETCH == 128
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-#endif
 }
 
 // Start copying p[0, len) to s with cp.async (16-byte aligned, len a multiple of the vector

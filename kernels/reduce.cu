@@ -123,13 +123,13 @@ __global__ void reduce_rows_vector(const Tin* __restrict__ x, Tout* __restrict__
         if (i + (UNROLL - 1) * G < nvec) {
             uint4 cur[UNROLL], nxt[UNROLL];
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) cur[u] = ldg16(p + (i + u * G) * N);
+            for (int u = 0; u < UNROLL; ++u) cur[u] = __ldg(reinterpret_cast<const uint4*>(p + (i + u * G) * N));
             while (true) {
                 const i64 in = i + UNROLL * G;
                 const bool more = in + (UNROLL - 1) * G < nvec;
                 if (more) {
 #pragma unroll
-                    for (int u = 0; u < UNROLL; ++u) nxt[u] = ldg16(p + (in + u * G) * N);
+                    for (int u = 0; u < UNROLL; ++u) nxt[u] = __ldg(reinterpret_cast<const uint4*>(p + (in + u * G) * N));
                 }
 #pragma unroll
                 for (int u = 0; u < UNROLL; ++u) acc[u] = Op::apply(acc[u], vec_reduce<Op, A, Tin>(cur[u]));

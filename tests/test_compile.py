@@ -25,7 +25,7 @@ FILES[timing.HOLD.filename] = timing.HOLD  # the benchmark's own kernel compiles
 def compiled(request):
     filename, arch = request.param
     kf = FILES[filename]
-    return kf, _nvrtc.compile_file(filename, kf.name_expressions, arch)
+    return kf, _nvrtc.compile_file(filename, kf.name_expressions, arch, kf.extra_options)
 
 
 def test_every_instantiation_is_in_the_cubin(compiled):

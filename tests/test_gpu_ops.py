@@ -397,6 +397,7 @@ def test_warmup_compiles_every_kernel_file():
 def test_threads_asking_for_one_file_share_a_single_compile(monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
+    cp = _cupy()
     kf = cupyops.ops.softmax.KERNELS
     dev = cp.cuda.runtime.getDevice()
     builds = []

@@ -78,9 +78,17 @@ def test_split_plan_covers_rows(R, n, impl):
 
 def test_vector_group():
     assert reduce.vector_group(17, 4) == 4
-    assert reduce.vector_group(8192, 4) == 128  # 16 vectors a thread: 4 batches of 4
-    assert reduce.vector_group(1024, 2) == 8
-    assert reduce.vector_group(1 << 20, 2) == 512
+    assert reduce.vector_group(8192, 4) == 256  # 8 vectors a thread: 2 batches of 4
+    assert reduce.vector_group(1024, 2) == 16
+    assert reduce.vector_group(16384, 4) == 256  # capped: 16 vectors a thread
+    assert reduce.vector_group(1 << 20, 2) == 256
+
+
+@pytest.mark.parametrize("itemsize,n,impl", [(2, 1 << 20, "vector"), (4, 1 << 20, "vector"),
+                                             (4, 1024, "vector"), (8, 8192, "block"),
+                                             (8, 1024, "vector")])
+def test_sum_auto_impl(itemsize, n, impl):
+    assert reduce.auto_impl(itemsize, n) == impl
 
 
 def test_check_smem():

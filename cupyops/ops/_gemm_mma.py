@@ -23,7 +23,7 @@ the larger tile. ``plan()`` is the one place that chooses the kernel, so a later
 wgmma rung slots in there.
 """
 from .. import _launch
-from .._kernels import KernelFile, template_name
+from .._kernels import SPLIT_COMPILE, KernelFile, template_name
 from ._gemm_problem import LAYOUTS, check_rung
 
 VARIANTS = {
@@ -109,7 +109,7 @@ def _expressions():
     return names
 
 
-KERNELS = KernelFile("gemm_mma.cu", _expressions())
+KERNELS = KernelFile("gemm_mma.cu", _expressions(), options=SPLIT_COMPILE)
 KERNEL_FILES = [KERNELS]
 
 

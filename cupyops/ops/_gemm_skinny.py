@@ -33,7 +33,7 @@ import dataclasses
 import numpy as np
 
 from .. import _arrays, _launch
-from .._kernels import KernelFile, template_name
+from .._kernels import SPLIT_COMPILE, KernelFile, template_name
 from ._gemm_problem import LAYOUTS
 
 VARIANTS = {
@@ -84,7 +84,7 @@ def _name(dtype, ta, tb, mt):
     return template_name("gemm_skinny", _CUDA_TYPES[dtype], ta, tb, mt)
 
 
-KERNELS = KernelFile("gemm_skinny.cu", _expressions())
+KERNELS = KernelFile("gemm_skinny.cu", _expressions(), options=SPLIT_COMPILE)
 
 
 def warp_columns(dtype, tb):

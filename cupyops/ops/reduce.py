@@ -179,10 +179,12 @@ def _reduce(op, x, axis, dtype, out, keepdims, impl):
 
 
 def auto_impl(itemsize, n):
-    """Measured on an H200 (benchmarks/results): for 4- and 8-byte elements in long rows
-    the plain coalesced loads of `block` already saturate memory and edge out `vector`;
-    for 2-byte elements and short rows the 16-byte loads of `vector` win."""
-    return "block" if itemsize >= 4 and n >= 8192 else "vector"
+    """`vector` (16-byte loads) for 2- and 4-byte elements: on an H100 it matches or beats
+    `block` on every float32 shape once its groups are sized as in vector_group
+    (benchmarks/reduce_probe.py; an H200 had measured `block` 1-2 % ahead on long float32
+    rows before the benchmark's timing held the host out of the events). 8-byte elements
+    in long rows keep the plain coalesced loads of `block`, which already saturate memory."""
+    return "block" if itemsize >= 8 and n >= 8192 else "vector"
 
 
 def _dtype_arg(dtype):
@@ -217,9 +219,12 @@ def split_plan(R, n, sm_count, impl, vec):
 
 def vector_group(L, itemsize):
     """Threads per virtual row of reduce_rows_vector: enough that each thread runs about
-    four batches of 4 16-byte loads (measured by benchmarks/sweep.py), 4 to 512."""
+    two batches of 4 16-byte loads, 4 to 256. Measured (benchmarks/reduce_probe.py, H100):
+    two batches beat four on 2-byte rows and whole arrays (+2-4 %) and on 4096- and
+    8192-long float32 rows; groups of 512 lose 4-8 % on float32 segments of 16K
+    elements, which therefore keep 256 threads and four batches."""
     nvec = _launch.cdiv(L * itemsize, 16)
-    return min(512, builtins.max(4, _launch.pow2_ceil(_launch.cdiv(nvec, 16))))
+    return min(256, builtins.max(4, _launch.pow2_ceil(_launch.cdiv(nvec, 8))))
 
 
 def _rows(op, impl, xd, y, R, n, din, dout):
