@@ -394,6 +394,26 @@ def test_warmup_compiles_every_kernel_file():
     assert cupyops.warmup(["layer_norm", "rms_norm"]) == ["norm.cu"]
 
 
+def test_small_calls_from_several_threads_agree():
+    # the row plans launch through the driver with a buffer owned by the first thread;
+    # other threads go through CuPy's launch: same kernel, same result
+    from concurrent.futures import ThreadPoolExecutor
+
+    cp = _cupy()
+    dev = cp.cuda.runtime.getDevice()
+    x = cp.asarray(np.random.default_rng(0).standard_normal((3, 1000), dtype=np.float32))
+    want = cupyops.softmax(x).get()
+
+    def other(_):
+        cp.cuda.Device(dev).use()
+        return cupyops.softmax(x).get()
+
+    with ThreadPoolExecutor(4) as pool:
+        for got in pool.map(other, range(8)):
+            np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(cupyops.softmax(x).get(), want)
+
+
 def test_threads_asking_for_one_file_share_a_single_compile(monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
