@@ -53,7 +53,7 @@ def sweep_sum(dt, shape, out):
         for block in sorted({max(G, 128), max(G, 256)}):
             if block > 1024:
                 continue
-            args = (x, y, np.int64(R), np.int64(n), np.int32(1), np.int64(n), np.int32(G), np.int32(1))
+            args = (x, y, np.int64(R), np.int64(n), np.int32(1), np.int64(n), np.int32(G), np.int32(1), reduce._NULL, reduce._NULL)
             yield f"G={G} block={block}", lambda a=args, G=G, b=block: fn((_launch.cdiv(R, b // G),), (b,), a), x.nbytes, check
     yield from _split_configs(dt, x, y, R, n, dout, check)
 

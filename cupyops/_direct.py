@@ -6,9 +6,9 @@ object per argument, the parameter vector): measured 6.8 us of a 14.5 us softmax
 ``DirectKernel`` works out once how each argument position converts to a C value, keeps
 the parameter buffer, and per call only stores the values and launches.
 
-Arguments: CuPy arrays (their data pointer), None (a null pointer), NumPy scalars and
-Python ints/floats (as the C type of the NumPy scalar at the same position on the first
-call; a Python int is a 64-bit integer only where the first call had one). When ctypes
+Arguments: CuPy arrays (their data pointer), None or np.uint64 (a raw pointer), NumPy
+scalars and Python ints/floats (as the C type of the NumPy scalar at the same position on
+the first call). When ctypes
 cannot reach libcuda, or the call comes from a thread other than the one that made the
 buffer (the buffer is not shared between threads), the launch goes through CuPy.
 """
@@ -40,18 +40,26 @@ def _launcher():
 
 
 def _slot(value):
-    """(ctypes storage, converter) for one argument position, from its first value."""
+    """(ctypes storage, converter) for one argument position, from its first value.
+    Arrays, None and 64-bit unsigned scalars (np.uint64(0) is how the norms pass an
+    absent weight) share the pointer kind, so a position may hold any of them."""
     if value is None or type(value).__module__.startswith("cupy"):
-        return ctypes.c_void_p(), _pointer
+        return ctypes.c_void_p(), _address
     dt = np.dtype(getattr(value, "dtype", np.int64 if isinstance(value, int) else np.float64))
+    if dt == np.uint64:
+        return ctypes.c_void_p(), _address
     ctype = _C_OF.get(dt)
     if ctype is None:
         raise TypeError(f"DirectKernel: unsupported argument type {type(value).__name__}")
     return ctype(), (int if dt.kind in "iu" else float)
 
 
-def _pointer(a):
-    return None if a is None else a.data.ptr
+def _address(a):
+    if a is None:
+        return None
+    if type(a).__module__.startswith("cupy"):
+        return a.data.ptr
+    return int(a) or None
 
 
 _current_stream = None  # cupy.cuda.get_current_stream, looked up once

@@ -93,9 +93,16 @@ __device__ __forceinline__ A vec_reduce(const uint4& raw) {
     }
 }
 
+// `partial`, `tickets` (both null, or both set with S > 1 and G == blockDim.x): the row's
+// segments are finished in this launch instead of a second pass. Each block stores its
+// segment's result in partial[v], fences, and draws a ticket from tickets[r]; the block
+// drawing the row's last ticket reduces the row's S partials in a fixed order (so the
+// result does not depend on which block came last) and resets the counter to zero.
 template <typename Tin, typename Tout, typename Op>
 __global__ void reduce_rows_vector(const Tin* __restrict__ x, Tout* __restrict__ y, i64 R, i64 n,
-                                   int S, i64 L, int G, int aligned) {
+                                   int S, i64 L, int G, int aligned,
+                                   typename AccOf<Op, Tout>::type* __restrict__ partial,
+                                   unsigned* __restrict__ tickets) {
     typedef typename AccOf<Op, Tout>::type A;
     constexpr int N = Vec<Tin>::N;
     // 4 loads in flight per thread (8 for 2-byte types measured no better)
@@ -150,7 +157,27 @@ __global__ void reduce_rows_vector(const Tin* __restrict__ x, Tout* __restrict__
 #pragma unroll
     for (int u = 1; u < UNROLL; ++u) acc[0] = Op::apply(acc[0], acc[u]);
     const A total = group_reduce<Op>(acc[0], G, scratch);
-    if (active && t == 0) y[v] = from_acc<Tout>(total);
+    if (tickets == nullptr) {
+        if (active && t == 0) y[v] = from_acc<Tout>(total);
+        return;
+    }
+    __shared__ bool s_last;
+    const i64 r = v / S;
+    if (threadIdx.x == 0) {
+        partial[v] = total;
+        __threadfence();  // the partial is visible before the ticket that counts it
+        const unsigned ticket = atomicAdd(tickets + r, 1u);
+        s_last = ticket == static_cast<unsigned>(S - 1);
+        if (s_last) tickets[r] = 0u;  // zeroed for the next launch on this stream
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    const A* pr = partial + r * S;
+    A a = Op::template identity<A>();
+    for (int k = threadIdx.x; k < S; k += blockDim.x) a = Op::apply(a, __ldcg(pr + k));
+    a = group_reduce<Op>(a, blockDim.x, scratch);
+    if (threadIdx.x == 0) y[r] = from_acc<Tout>(a);
 }
 
 // Reduce axis 1 of a contiguous (outer, R, inner) array into (outer, inner).

@@ -414,6 +414,24 @@ def test_small_calls_from_several_threads_agree():
     np.testing.assert_array_equal(cupyops.softmax(x).get(), want)
 
 
+def test_one_plan_serves_calls_with_and_without_weight():
+    # a row plan is memoized per (op, impl, n, dtype): the same launch buffer takes a
+    # weight array in one call and a null pointer in the next
+    cp = _cupy()
+    rng = np.random.default_rng(1)
+    xh = rng.standard_normal((5, 768), dtype=np.float32)
+    wh, bh = rng.standard_normal(768, dtype=np.float32), rng.standard_normal(768, dtype=np.float32)
+    x, w, b = cp.asarray(xh), cp.asarray(wh), cp.asarray(bh)
+    for args in ((), (w, b), (), (w, None), (None, b)):
+        got = cupyops.layer_norm(x, *args).get()
+        want = reference.layer_norm(xh, *[None if a is None else a.get() for a in args])[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for weight in (None, w, None):
+        got = cupyops.rms_norm(x, weight).get()
+        want = reference.rms_norm(xh, None if weight is None else wh)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_threads_asking_for_one_file_share_a_single_compile(monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -747,6 +765,25 @@ def test_auto_is_bitwise_deterministic(op, shape):
     else:
         ref = getattr(reference, op)(values)
         assert_rows_match(first, ref[0] if op == "layer_norm" else ref, "float32")
+
+
+@pytest.mark.parametrize("shape,axis", [((10_000_000,), None), ((3, 200000), -1), ((2, 200001), -1)])
+def test_split_sums_finish_in_one_launch_and_leave_tickets_zeroed(shape, axis, monkeypatch):
+    # the vector rung's split rows are finished by their last block; the ticket counters
+    # must be back at zero for the next launch on the stream, and the two-pass path agrees
+    cp = _cupy()
+    from cupyops import _arrays
+    from cupyops.ops import reduce as R
+
+    rng = np.random.default_rng()
+    values = rand(rng, shape, "float32", loc=1.0)
+    x = cp.asarray(values)
+    one = cupyops.sum(x, axis=axis, impl="vector")
+    assert not _arrays.tickets(1).any()
+    monkeypatch.setattr(R, "ONE_LAUNCH_SPLITS", False)
+    two = cupyops.sum(x, axis=axis, impl="vector")
+    for got in (one, two):
+        assert_matches(got, reference.sum(values, axis=axis), "float32", tol=sum_tol("float32", values.size))
 
 
 def test_stream_semantics():

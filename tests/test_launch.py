@@ -114,7 +114,10 @@ def test_direct_kernel_argument_slots():
     store, conv = _direct._slot(np.float32(0.5))
     assert isinstance(store, ctypes.c_float) and conv(np.float32(0.5)) == 0.5
     assert isinstance(_direct._slot(7)[0], ctypes.c_int64)
-    assert isinstance(_direct._slot(None)[0], ctypes.c_void_p) and _direct._pointer(None) is None
+    for null in (None, np.uint64(0)):  # how the norms pass an absent weight
+        store, conv = _direct._slot(null)
+        assert isinstance(store, ctypes.c_void_p) and conv(null) is None
+    assert _direct._address(np.uint64(4096)) == 4096
     with pytest.raises(TypeError, match="unsupported argument type"):
         _direct._slot(np.complex64(1))
 

@@ -227,6 +227,12 @@ def vector_group(L, itemsize):
     return min(256, builtins.max(4, _launch.pow2_ceil(_launch.cdiv(nvec, 8))))
 
 
+# The `vector` rung finishes a split row in the same launch (the last block of the row
+# reduces the partials; kernels/reduce.cu) instead of a second launch. Measured on an H100
+# (benchmarks/reduce_probe.py): see benchmarks/NOTES.md; False restores the two passes.
+ONE_LAUNCH_SPLITS = True
+
+
 def _rows(op, impl, xd, y, R, n, din, dout):
     props = _launch.device_props()
     vec = 16 // xd.itemsize
@@ -237,11 +243,18 @@ def _rows(op, impl, xd, y, R, n, din, dout):
     acc = _OPS[op][1][dout]
     cp = _arrays.cupy_module()
     partial = cp.empty((R, S), _dtypes.to_dtype(acc))
+    if impl == "vector" and ONE_LAUNCH_SPLITS and vector_group(L, xd.itemsize) >= 128:
+        # one segment a block (G == block), which the in-kernel finish needs
+        _rows_launch(op, impl, xd, y, R, n, S, L, din, dout, partial, _arrays.tickets(R))
+        return
     _rows_launch(op, impl, xd, partial, R, n, S, L, din, acc)
     _rows_launch(op, impl, partial, y, R, S, 1, S, acc, dout)
 
 
-def _rows_launch(op, impl, xd, y, R, n, S, L, din, dout):
+_NULL = np.uint64(0)  # a null device pointer (CuPy's launch does not take None everywhere)
+
+
+def _rows_launch(op, impl, xd, y, R, n, S, L, din, dout, partial=_NULL, tickets=_NULL):
     fn = KERNELS.function(_name(_ROW_KERNELS[impl], op, din, dout))
     V = R * S
     args = (xd, y, np.int64(R), np.int64(n), np.int32(S), np.int64(L))
@@ -254,4 +267,5 @@ def _rows_launch(op, impl, xd, y, R, n, S, L, din, dout):
         vec = 16 // xd.itemsize
         aligned = _launch.rows_aligned(vec, n, xd) and L % vec == 0
         block = builtins.max(G, 128)  # this module's max is the reduction
-        fn((_launch.cdiv(V, block // G),), (block,), args + (np.int32(G), np.int32(aligned)))
+        fn((_launch.cdiv(V, block // G),), (block,),
+           args + (np.int32(G), np.int32(aligned), partial, tickets))
