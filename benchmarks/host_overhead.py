@@ -32,8 +32,7 @@ plan = _rows.plan(sm.KERNELS, "softmax", "auto", 1024, "float32", "online")
 args = (x, y, np.int64(1), np.int32(1024), *plan.tail, np.int32(1))
 rows = {
     "cp.empty((1, 1024))": lambda: cp.empty((1, 1024), cp.float32),
-    "bare RawKernel launch": lambda: plan.fn.fn((1,), (plan.block,), args, shared_mem=plan.smem),
-    "DirectKernel launch": lambda: plan.fn((1,), (plan.block,), args, shared_mem=plan.smem),
+    "bare RawKernel launch": lambda: plan.fn((1,), (plan.block,), args, shared_mem=plan.smem),
     "softmax_rows (plan + launch)": lambda: sm.softmax_rows("auto", x, y, "float32"),
     "cupyops.softmax(x, out=y)": lambda: cupyops.softmax(x, out=y),
     "cupyops.softmax(x)": lambda: cupyops.softmax(x),

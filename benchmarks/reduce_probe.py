@@ -90,7 +90,8 @@ def variants():
     f32 = lambda op, dt, ax: op in ("sum", "max") and dt == "float32"  # noqa: E731
     v = {"current": (lambda *a: True, contextlib.nullcontext, "auto")}
     split = lambda op, dt, ax: op == "sum" and (ax is None or dt == "float32")  # noqa: E731
-    v["two_pass"] = (split, lambda: patched(reduce, "ONE_LAUNCH_SPLITS", False), "auto")
+    v["two_pass"] = (split, lambda: patched(reduce, "ONE_LAUNCH_SPLITS", 0), "auto")
+    v["one_launch"] = (split, lambda: patched(reduce, "ONE_LAUNCH_SPLITS", 1 << 30), "auto")
     v["vector"] = (f32, contextlib.nullcontext, "vector")
     v["block"] = (red, contextlib.nullcontext, "block")
     for b, cap in ((1, 256), (2, 256), (4, 256), (8, 256), (2, 512), (4, 512)):

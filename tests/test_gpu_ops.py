@@ -395,8 +395,7 @@ def test_warmup_compiles_every_kernel_file():
 
 
 def test_small_calls_from_several_threads_agree():
-    # the row plans launch through the driver with a buffer owned by the first thread;
-    # other threads go through CuPy's launch: same kernel, same result
+    # memoized plans and shape arguments are shared by every thread: same kernel, same bits
     from concurrent.futures import ThreadPoolExecutor
 
     cp = _cupy()
@@ -415,8 +414,8 @@ def test_small_calls_from_several_threads_agree():
 
 
 def test_one_plan_serves_calls_with_and_without_weight():
-    # a row plan is memoized per (op, impl, n, dtype): the same launch buffer takes a
-    # weight array in one call and a null pointer in the next
+    # a row plan is memoized per (op, impl, n, dtype): the same plan launches with a weight
+    # array in one call and a null pointer in the next
     cp = _cupy()
     rng = np.random.default_rng(1)
     xh = rng.standard_normal((5, 768), dtype=np.float32)
@@ -769,8 +768,9 @@ def test_auto_is_bitwise_deterministic(op, shape):
 
 @pytest.mark.parametrize("shape,axis", [((10_000_000,), None), ((3, 200000), -1), ((2, 200001), -1)])
 def test_split_sums_finish_in_one_launch_and_leave_tickets_zeroed(shape, axis, monkeypatch):
-    # the vector rung's split rows are finished by their last block; the ticket counters
-    # must be back at zero for the next launch on the stream, and the two-pass path agrees
+    # the vector rung's split rows (up to ONE_LAUNCH_SPLITS segments) are finished by their
+    # last block; the ticket counters must be back at zero for the next launch on the
+    # stream, and the two-pass path agrees
     cp = _cupy()
     from cupyops import _arrays
     from cupyops.ops import reduce as R
@@ -780,7 +780,7 @@ def test_split_sums_finish_in_one_launch_and_leave_tickets_zeroed(shape, axis, m
     x = cp.asarray(values)
     one = cupyops.sum(x, axis=axis, impl="vector")
     assert not _arrays.tickets(1).any()
-    monkeypatch.setattr(R, "ONE_LAUNCH_SPLITS", False)
+    monkeypatch.setattr(R, "ONE_LAUNCH_SPLITS", 0)
     two = cupyops.sum(x, axis=axis, impl="vector")
     for got in (one, two):
         assert_matches(got, reference.sum(values, axis=axis), "float32", tol=sum_tol("float32", values.size))

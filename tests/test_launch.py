@@ -101,33 +101,3 @@ def test_cdiv_and_pow2():
     assert _launch.cdiv(10, 3) == 4 and _launch.cdiv(9, 3) == 3
     assert [_launch.pow2_ceil(v) for v in (1, 2, 3, 33, 1024)] == [1, 2, 4, 64, 1024]
 
-
-def test_direct_kernel_argument_slots():
-    import ctypes
-
-    import numpy as np
-
-    from cupyops import _direct
-
-    store, conv = _direct._slot(np.int32(3))
-    assert isinstance(store, ctypes.c_int32) and conv(np.int32(3)) == 3
-    store, conv = _direct._slot(np.float32(0.5))
-    assert isinstance(store, ctypes.c_float) and conv(np.float32(0.5)) == 0.5
-    assert isinstance(_direct._slot(7)[0], ctypes.c_int64)
-    for null in (None, np.uint64(0)):  # how the norms pass an absent weight
-        store, conv = _direct._slot(null)
-        assert isinstance(store, ctypes.c_void_p) and conv(null) is None
-    assert _direct._address(np.uint64(4096)) == 4096
-    with pytest.raises(TypeError, match="unsupported argument type"):
-        _direct._slot(np.complex64(1))
-
-
-def test_direct_kernel_goes_through_cupy_without_the_driver(monkeypatch):
-    from cupyops import _direct
-
-    calls = []
-    monkeypatch.setattr(_direct, "_driver", False)  # as on a machine without libcuda
-    k = _direct.DirectKernel(lambda grid, block, args, shared_mem=0: calls.append((grid, block, args, shared_mem)))
-    k((4,), (128,), (1, 2), shared_mem=16)
-    k((5,), (128,), (3, 4))
-    assert calls == [((4,), (128,), (1, 2), 16), ((5,), (128,), (3, 4), 0)]

@@ -10,7 +10,6 @@ choice once.
 import numpy as np
 
 from .. import _arrays, _dtypes, _launch
-from .._direct import DirectKernel
 from .._kernels import template_name
 
 # What the staged rung adds, the same for every row-wise operator.
@@ -25,9 +24,7 @@ class RowPlan:
     __slots__ = ("fn", "block", "rows_per_block", "cluster", "smem", "tail", "takes_aligned", "name")
 
     def __init__(self, fn, name, block, *, rows_per_block=1, cluster=1, smem=0, tail=(), takes_aligned=True):
-        # launched through the driver directly: a small call's host time is mostly launch
-        # (cluster kernels too: their cluster size is compiled in, __cluster_dims__)
-        self.fn, self.name, self.block = DirectKernel(fn), name, block
+        self.fn, self.name, self.block = fn, name, block
         self.rows_per_block, self.cluster, self.smem = rows_per_block, cluster, smem
         self.tail = tuple(np.int32(v) for v in tail)
         self.takes_aligned = takes_aligned

@@ -227,10 +227,13 @@ def vector_group(L, itemsize):
     return min(256, builtins.max(4, _launch.pow2_ceil(_launch.cdiv(nvec, 8))))
 
 
-# The `vector` rung finishes a split row in the same launch (the last block of the row
-# reduces the partials; kernels/reduce.cu) instead of a second launch. Measured on an H100
-# (benchmarks/reduce_probe.py): see benchmarks/NOTES.md; False restores the two passes.
-ONE_LAUNCH_SPLITS = True
+# The `vector` rung finishes a row of at most this many segments in the same launch (the
+# row's last block reduces the partials; kernels/reduce.cu) instead of a second launch.
+# Measured on an H100 (benchmarks/reduce_probe.py, NOTES item 30): one launch wins with
+# up to 1024 segments a row (1024x131072 rows, 8 each: +0.9 %; a 16M-element array: +2 %)
+# and loses 3-10 % with 4096-8192 segments on one counter, where the per-block fences and
+# tickets cost more than the second launch saves. 0 restores the two passes everywhere.
+ONE_LAUNCH_SPLITS = 1024
 
 
 def _rows(op, impl, xd, y, R, n, din, dout):
@@ -243,7 +246,7 @@ def _rows(op, impl, xd, y, R, n, din, dout):
     acc = _OPS[op][1][dout]
     cp = _arrays.cupy_module()
     partial = cp.empty((R, S), _dtypes.to_dtype(acc))
-    if impl == "vector" and ONE_LAUNCH_SPLITS and vector_group(L, xd.itemsize) >= 128:
+    if impl == "vector" and S <= ONE_LAUNCH_SPLITS and vector_group(L, xd.itemsize) >= 128:
         # one segment a block (G == block), which the in-kernel finish needs
         _rows_launch(op, impl, xd, y, R, n, S, L, din, dout, partial, _arrays.tickets(R))
         return
