@@ -3,7 +3,7 @@
 against the float64 reference, then timed (CUDA events, L2 flushed, median), side by side
 with cupy.matmul (cuBLAS). The defaults in the launchers are chosen from this.
 
-    python benchmarks/gemm_sweep.py [--json PATH] [--only pipelined,mma,skinny]
+    python benchmarks/gemm_sweep.py [--json PATH] [--only pipelined,mma,skinny,mma_decode]
 Prints one line per configuration: impl dtype MxNxK layout config ms TFLOP/s ratio-to-cuBLAS.
 """
 import argparse
@@ -25,6 +25,10 @@ CASES = {
     "skinny": [(d, s) for d in ("float16", "bfloat16") for s in
                ((1, 4096, 4096), (16, 4096, 4096), (1, 11008, 4096), (64, 4096, 4096))],
 }
+# the mma rung's tiles on the decode shapes ("--only mma_decode"): where a wide N gives
+# its plain tiles a full wave, it competes with skinny
+CASES["mma_decode"] = CASES["skinny"] + [("float16", (16, 11008, 4096)), ("float16", (64, 11008, 4096)),
+                                         ("float16", (1, 8192, 4096)), ("float16", (16, 8192, 4096))]
 
 
 def problem(a, b, d, ta, tb):
@@ -44,9 +48,10 @@ def main():
     args = ap.parse_args()
     flush = L2Flusher()
     results = []
-    for impl in args.only.split(","):
+    for which in args.only.split(","):
+        impl = which.removesuffix("_decode")
         mod = G._LAUNCHERS[impl]
-        for dt, (M, N, K) in CASES[impl]:
+        for dt, (M, N, K) in CASES[which]:
             a = random_normal((M, K), dt, 1)
             b = random_normal((K, N), dt, 2)
             bt = cp.ascontiguousarray(b.T)
