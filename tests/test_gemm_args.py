@@ -120,11 +120,20 @@ def test_variant_table():
     assert G.dtypes_of("skinny") == G.GEMM_TYPES
 
 
-@pytest.mark.parametrize("dtype,M,expected", [("float32", 1, "skinny"), ("float16", 64, "skinny"),
-                                              ("float32", 65, "pipelined"), ("bfloat16", 4096, "mma"),
-                                              ("int8", 8192, "mma")])
+@pytest.mark.parametrize("dtype,M,expected", [("float32", 1, "skinny"), ("float16", 16, "skinny"),
+                                              ("float16", 17, "mma"), ("int8", 64, "skinny"),
+                                              ("float32", 64, "skinny"), ("float32", 65, "pipelined"),
+                                              ("bfloat16", 4096, "mma"), ("int8", 8192, "mma")])
 def test_auto_choice(dtype, M, expected):
     assert G.auto_impl(dtype, M, 4096, 4096) == expected
+
+
+@pytest.mark.parametrize("dtype,M,N,expected", [("float16", 1, 11008, "mma"), ("bfloat16", 16, 11008, "mma"),
+                                                ("float16", 1, 8064, "skinny"), ("float16", 1, 8192, "mma"),
+                                                ("float32", 1, 11008, "skinny"), ("int8", 1, 11008, "skinny")])
+def test_auto_choice_wide_decode(dtype, M, N, expected):
+    # fp16/bf16 decode shapes whose 64x128 mma tiles fill half a wave go to mma
+    assert G.auto_impl(dtype, M, N, 4096) == expected
 
 
 class _FakeCupy:
