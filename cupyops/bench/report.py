@@ -197,7 +197,8 @@ def header_lines(meta):
     if ho:
         parts = [f"{HOST_LABELS.get(k, k)} {'failed' if v is None else f'{v:.1f} us'}"
                  for k, v in ho.items()]
-        lines.append("host overhead per call, 1x1024 float32 softmax: " + ", ".join(parts))
+        lines.append("host overhead per call, 1x1024 float32 softmax (median of 5 rounds of 400 "
+                     "calls): " + ", ".join(parts))
     if s:
         lines.append(
             f"timing: CUDA events, median of up to {s.get('repeats')} repeats after "

@@ -170,16 +170,31 @@ def copy_ms_for(nbytes, *, repeats=20, warmup=3, flush=None):
     return time_gpu(copy, repeats=repeats, warmup=warmup, flush=flush, budget_s=10.0).median_ms
 
 
-def host_overhead_us(fn, *, calls=2000, warmup=50):
+def host_overhead_us(fn, *, calls=2000, warmup=50, rounds=5):
     """CPU microseconds per call of ``fn`` issued back to back (the GPU work is tiny, so
-    this is the Python + launch cost a user pays per call). The final synchronisation is
-    outside the clock: only the host side is measured."""
+    this is the Python + launch cost a user pays per call): the median over ``rounds``
+    rounds of ``calls // rounds`` calls, with the garbage collector paused as timeit does.
+    One round of 2000 calls on the H100 host measured 13.6 to 54.4 us for the same
+    softmax in two runs an hour apart; the median of rounds is what steady state means.
+    Each round's final synchronisation is outside the clock: only the host side counts."""
+    import gc
+
     for _ in range(warmup):
         fn()
-    _sync()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    _sync()
-    return (t1 - t0) / calls * 1e6
+    per_round = max(1, calls // rounds)
+    samples = []
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            _sync()
+            t0 = time.perf_counter()
+            for _ in range(per_round):
+                fn()
+            t1 = time.perf_counter()
+            samples.append((t1 - t0) / per_round * 1e6)
+        _sync()
+    finally:
+        if enabled:
+            gc.enable()
+    return statistics.median(samples)
