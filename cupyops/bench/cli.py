@@ -74,7 +74,7 @@ def build_parser():
                           "none for --shape")
     sel.add_argument("--suite", choices=list(cases.SUITES),
                      help="quick (default): 4096x4096 float32+bfloat16 and the LLM matmul "
-                          "shapes in float16+bfloat16 (~20 s once compiled; the first run compiles ~90 s); "
+                          "shapes in float16+bfloat16 (~20 s once compiled; the first run also compiles, ~35-45 s in all on an H100); "
                           "attention only with --op attention (its acceptance set); "
                           "full: the acceptance shapes 16384x8192, 65536x1024, 1024x131072 "
                           "in float32, float16, bfloat16 (trace: 5977x7890 float32; matmul: "
@@ -221,11 +221,10 @@ def run(args, plan, settings):
     from . import timing
 
     t_start = time.perf_counter()
-    # Every kernel file the plan needs starts compiling now, in parallel threads (NVRTC runs
-    # without the GIL), before PyTorch's import; a case waits only for its own file, so the
-    # first operators are timed while the GEMM files still compile. A cold quick suite is
-    # bounded by the slowest file instead of the sum of all of them.
-    compiled = start_compiling(settings["ops"])
+    # Every kernel file the plan needs compiles now, in parallel threads (NVRTC runs without
+    # the GIL): a cold quick suite is bounded by the slowest file instead of the sum of all.
+    start_compiling(settings["ops"])()  # then host time is measured with no compile on the CPU
+    host = host_overheads(args.host_calls, None)
     torch = torch_cuda()
     if torch is not None:  # float32 matmul baselines in true float32 (TF32 off), as CuPy's
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -265,9 +264,8 @@ def run(args, plan, settings):
             if torch is not None:
                 torch.cuda.empty_cache()
         del flush
-        # Host time per call is measured once no compile thread competes for the CPU.
-        compiled()
-        host = host_overheads(args.host_calls, torch)
+    if torch is not None:
+        host.update(host_overheads(args.host_calls, torch, cupy_side=False))
 
     rows = report.finalize(rows, copy_bw)
     meta = {
@@ -290,7 +288,7 @@ def run(args, plan, settings):
 
 
 def start_compiling(ops):
-    """Compile the kernel files behind ``ops`` in the background (cupyops.warmup_async);
+    """Start compiling the kernel files behind ``ops`` in parallel threads (warmup_async);
     returns a wait() that never raises: a file that fails to compile fails its own cases,
     where the error is reported per impl."""
     try:
@@ -322,9 +320,12 @@ def write_outputs(args, meta, rows):
             log(f"wrote {p}")
 
 
-def host_overheads(calls, torch):
+def host_overheads(calls, torch, cupy_side=True):
     """Microseconds of host time per softmax call on a 1x1024 float32 row (acceptance:
-    cupyops <= 15 us). A library that fails here gets None, not a crashed run."""
+    cupyops <= 15 us), on the default stream. ``cupy_side``: cupyops and cupyx (measured
+    before PyTorch is imported: on the H100 host, importing it made the same cupyops call
+    14.3 -> 18.7 us, NOTES item 34); ``torch``: PyTorch's own. A library that fails here
+    gets None, not a crashed run."""
     import cupy
 
     import cupyops
@@ -332,13 +333,15 @@ def host_overheads(calls, torch):
     from . import timing
 
     x = cupy.random.RandomState(0).standard_normal((1, 1024), dtype=cupy.float32)
-    fns = {"softmax_1x1024": lambda: cupyops.softmax(x)}
-    try:
-        from cupyx.scipy.special import softmax as cupyx_softmax
+    fns = {}
+    if cupy_side:
+        fns["softmax_1x1024"] = lambda: cupyops.softmax(x)
+        try:
+            from cupyx.scipy.special import softmax as cupyx_softmax
 
-        fns["cupy_softmax_1x1024"] = lambda: cupyx_softmax(x, axis=-1)
-    except ImportError:
-        pass
+            fns["cupy_softmax_1x1024"] = lambda: cupyx_softmax(x, axis=-1)
+        except ImportError:
+            pass
     if torch is not None:
         t = torch.from_dlpack(x)
         fns["torch_softmax_1x1024"] = lambda: torch.softmax(t, -1)
