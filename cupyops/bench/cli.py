@@ -227,10 +227,8 @@ def run(args, plan, settings):
     # without the GIL); a case waits only for its own file, so the first operators are
     # timed while the GEMM files still compile: a cold quick suite is bounded by the slowest
     # file instead of the sum of all (waiting for all of them first measured 70 s against
-    # 35-40 s on the H100). cupyops' host time is measured as soon as softmax.cu is ready,
-    # before PyTorch is imported (NOTES item 34).
+    # 35-45 s on the H100).
     compiled = start_compiling(settings["ops"])
-    host = host_overheads(args.host_calls, None)
     torch = torch_cuda()
     if torch is not None:  # float32 matmul baselines in true float32 (TF32 off), as CuPy's
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -271,8 +269,9 @@ def run(args, plan, settings):
                 torch.cuda.empty_cache()
         del flush
         compiled()
-    if torch is not None:
-        host.update(host_overheads(args.host_calls, torch, cupy_side=False))
+    # Host time per call, on the default stream, once no compile thread competes for the
+    # CPU (measured during the compiles: 26 us for a call that takes 15 us alone; NOTES 34).
+    host = host_overheads(args.host_calls, torch)
 
     rows = report.finalize(rows, copy_bw)
     meta = {
@@ -327,12 +326,9 @@ def write_outputs(args, meta, rows):
             log(f"wrote {p}")
 
 
-def host_overheads(calls, torch, cupy_side=True):
+def host_overheads(calls, torch):
     """Microseconds of host time per softmax call on a 1x1024 float32 row (acceptance:
-    cupyops <= 15 us), on the default stream. ``cupy_side``: cupyops and cupyx (measured
-    before PyTorch is imported: on the H100 host, importing it made the same cupyops call
-    14.3 -> 18.7 us, NOTES item 34); ``torch``: PyTorch's own. A library that fails here
-    gets None, not a crashed run."""
+    cupyops <= 15 us). A library that fails here gets None, not a crashed run."""
     import cupy
 
     import cupyops
@@ -340,15 +336,13 @@ def host_overheads(calls, torch, cupy_side=True):
     from . import timing
 
     x = cupy.random.RandomState(0).standard_normal((1, 1024), dtype=cupy.float32)
-    fns = {}
-    if cupy_side:
-        fns["softmax_1x1024"] = lambda: cupyops.softmax(x)
-        try:
-            from cupyx.scipy.special import softmax as cupyx_softmax
+    fns = {"softmax_1x1024": lambda: cupyops.softmax(x)}
+    try:
+        from cupyx.scipy.special import softmax as cupyx_softmax
 
-            fns["cupy_softmax_1x1024"] = lambda: cupyx_softmax(x, axis=-1)
-        except ImportError:
-            pass
+        fns["cupy_softmax_1x1024"] = lambda: cupyx_softmax(x, axis=-1)
+    except ImportError:
+        pass
     if torch is not None:
         t = torch.from_dlpack(x)
         fns["torch_softmax_1x1024"] = lambda: torch.softmax(t, -1)
