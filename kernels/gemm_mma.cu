@@ -235,8 +235,13 @@ struct Operand {
 };
 
 // ------------------------------------------------------------------ the mma.sync GEMM
-template <typename T, bool TA, bool TB, int BM, int BN, int WM, int WN, int STAGES>
-__device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
+// SPLIT: split-K for decode shapes (a few rows, few tiles). Batch entry z is split z of
+// K: its operands start ks columns of op(A) / rows of op(B) further on (sA, sB), it
+// covers min(ks, K - z * ks) of K, and it stores its fp32 accumulators as they are into
+// the M x N slice z of the workspace D (really float*), without alpha, beta or C; then
+// gemm_splitk_reduce adds the slices in order and applies the epilogue.
+template <typename T, bool TA, bool TB, int BM, int BN, int WM, int WN, int STAGES, bool SPLIT = false>
+__device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks) {
     typedef typename GemmTypes<T>::Acc Acc;
     typedef typename GemmTypes<T>::Out Out;
     constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
@@ -266,12 +271,13 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
     // 16-byte paths need every operand of the stack and every row 16-byte aligned.
     const bool a_vec = gemm_vec_ok(A, lda, sA), b_vec = gemm_vec_ok(B, ldb, sB);
     const bool dc_vec = gemm_vec_ok(D, ldd, sD) && (beta == 0 || gemm_vec_ok(C, ldc, sC));
-    const int KT = (K + BK - 1) / BK;
     const int tm = (M + BM - 1) / BM, tn = (N + BN - 1) / BN, tiles = tm * tn;
 
     for (int z = blockIdx.z; z < batch; z += gridDim.z) {
         const T* Az = A + z * sA;
         const T* Bz = B + z * sB;
+        const int Kz = SPLIT ? min(ks, K - z * ks) : K;
+        const int KT = (Kz + BK - 1) / BK;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             int pm, pn;
             tile_coords<8>(tile, tm, tn, pm, pn);
@@ -290,8 +296,8 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
             // Start the cp.async copies of k-tile kt into stage st.
             auto issue = [&](int kt, int st) {
                 const unsigned sa = s0 + st * STAGE, sb = sa + OpA::BYTES;
-                OpA::issue(sa, Az, lda, m0, kt * BK, M, K, a_vec, tid);
-                OpB::issue(sb, Bz, ldb, n0, kt * BK, N, K, b_vec, tid);
+                OpA::issue(sa, Az, lda, m0, kt * BK, M, Kz, a_vec, tid);
+                OpB::issue(sb, Bz, ldb, n0, kt * BK, N, Kz, b_vec, tid);
             };
             auto load_frags = [&](int buf, int st, int ks) {
                 const unsigned sa = s0 + st * STAGE, sb = sa + OpA::BYTES;
@@ -381,6 +387,27 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T)) {
                 }
             }
             __syncthreads();
+            if constexpr (SPLIT) {
+                // fp32 partials, 4 to a 16-byte store (rows of N floats: aligned when N % 4 == 0)
+                constexpr int TPR = BN / 4, RPP = THREADS / TPR;
+                const int cc = (tid % TPR) * 4, n = n0 + cc;
+                float* W = reinterpret_cast<float*>(D) + z * (i64)M * N;
+                if (n < N) {
+                    for (int r = tid / TPR; r < BM && m0 + r < M; r += RPP) {
+                        const float* v = reinterpret_cast<const float*>(cs + r * CS_LD + cc);
+                        float* w = W + (i64)(m0 + r) * N + n;
+                        if ((N & 3) == 0) {
+                            *reinterpret_cast<float4*>(w) = *reinterpret_cast<const float4*>(v);
+                        } else {
+#pragma unroll
+                            for (int e = 0; e < 4; ++e)
+                                if (n + e < N) w[e] = v[e];
+                        }
+                    }
+                }
+                __syncthreads();  // the next tile's prologue overwrites cs
+                continue;
+            }
             constexpr int OV = 16 / sizeof(Out);  // outputs per 16-byte store
             constexpr int TPR = BN / OV, RPP = THREADS / TPR;
             static_assert(THREADS % TPR == 0, "epilogue rows");
@@ -594,12 +621,43 @@ template <typename T, bool TA, bool TB, int BM, int BN, int WM, int WN, int STAG
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB) gemm_mma(GEMM_PARAMS(T)) {
     static_assert(sizeof(T) == 2, "gemm_mma is the 16-bit rung; int8 is gemm_mma_s8");
     gmma::gemm_mma_body<T, TA, TB, BM, BN, WM, WN, STAGES>(A, B, C, D, M, N, K, lda, ldb, ldc, ldd, sA, sB, sC, sD,
-                                                           batch, alpha, beta);
+                                                           batch, alpha, beta, K);
+}
+
+// gemm_mma_splitk: the split-K pass of gemm_mma for decode shapes (float16 / bfloat16,
+// one product, batch entries = splits of ks; see SPLIT above). W: S x M x N floats.
+template <typename T, bool TA, bool TB, int BM, int BN, int WM, int WN, int STAGES, int MINB>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB)
+    gemm_mma_splitk(const T* __restrict__ A, const T* __restrict__ B, float* __restrict__ W, int M, int N, int K,
+                    cuops::i64 lda, cuops::i64 ldb, int ks, int S) {
+    static_assert(sizeof(T) == 2, "split-K is instantiated for the 16-bit types");
+    typedef typename GemmTypes<T>::Out Out;
+    const cuops::i64 sA = TA ? ks * lda : ks, sB = TB ? ks : ks * ldb;
+    gmma::gemm_mma_body<T, TA, TB, BM, BN, WM, WN, STAGES, true>(
+        A, B, nullptr, reinterpret_cast<Out*>(W), M, N, K, lda, ldb, 0, N, sA, sB, 0, 0, S, 1.f, 0.f, ks);
+}
+
+// D = alpha * (sum of the S partial slices of W, added in order 0..S-1) + beta * C: the
+// split-K finish, deterministic (no atomics). Consecutive threads take consecutive
+// columns of a row, so every slice is read coalesced.
+template <typename T>
+__global__ void gemm_splitk_reduce(const float* __restrict__ W, const typename GemmTypes<T>::Out* C,
+                                   typename GemmTypes<T>::Out* D, int M, int N, int S, cuops::i64 ldc,
+                                   cuops::i64 ldd, typename GemmTypes<T>::Scalar alpha,
+                                   typename GemmTypes<T>::Scalar beta) {
+    const cuops::i64 MN = (cuops::i64)M * N;
+    for (cuops::i64 e = blockIdx.x * (cuops::i64)blockDim.x + threadIdx.x; e < MN;
+         e += (cuops::i64)gridDim.x * blockDim.x) {
+        float acc = 0.f;
+        for (int z = 0; z < S; ++z) acc += __ldcs(W + z * MN + e);
+        const cuops::i64 m = e / N, n = e - m * N;
+        D[m * ldd + n] = gemm_epilogue<T>(acc, C + m * ldc + n, alpha, beta);
+    }
 }
 
 // gemm_mma_s8: int8 in, int32 out, exact (wrapping) integer arithmetic.
 template <bool TA, bool TB, int BM, int BN, int WM, int WN, int STAGES, int MINB>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB) gemm_mma_s8(GEMM_PARAMS(signed char)) {
     gmma::gemm_mma_body<signed char, TA, TB, BM, BN, WM, WN, STAGES>(A, B, C, D, M, N, K, lda, ldb, ldc, ldd, sA, sB,
-                                                                     sC, sD, batch, alpha, beta);
+                                                                     sC, sD, batch, alpha, beta, K);
 }

@@ -3,6 +3,8 @@ before anything touches a GPU (NumPy operands: no CuPy or GPU needed), ``out`` u
 the variant table; the batch lowering's choice of strides and launches."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cupyops
 from cupyops.ops import gemm as G
@@ -234,3 +236,32 @@ def _prod(t):
     for v in t:
         out *= v
     return out
+
+
+def test_mma_split_k_plan():
+    # decode shapes whose 64x128 tiles leave most SMs idle split K (fp16/bf16, one product)
+    p = _problem("float16", 1, 4096, 4096, False)
+    sp = G._gemm_mma.split_plan("mma", p, None, 132)
+    assert sp is not None and sp.name in G._gemm_mma.KERNELS.name_expressions
+    assert sp.reduce in G._gemm_mma.KERNELS.name_expressions
+    assert sp.grid == (32, 1, sp.splits) and sp.splits * sp.ks >= 4096 > (sp.splits - 1) * sp.ks
+    assert sp.ks % 64 == 0 and sp.ks >= 256 and 32 * sp.splits <= 2 * 132 + 32
+    assert sp.smem <= SMEM_OPTIN
+    for p, cfg in ((_problem("float16", 4096, 4096, 4096, False), None),  # fills the GPU
+                   (_problem("float16", 1, 11008, 4096, False), None),  # 86 tiles: enough
+                   (_problem("int8", 1, 4096, 4096, False), None),  # not instantiated
+                   (_problem("float16", 1, 4096, 4096, False, batch=2), None),  # a stack
+                   (_problem("bfloat16", 1, 4096, 500, False), None),  # K too short to split
+                   (_problem("float16", 1, 4096, 4096, False), "64x128")):  # forced tile
+        assert G._gemm_mma.split_plan("mma", p, cfg, 132) is None
+    assert G._gemm_mma.split_plan("wmma", _problem("float16", 1, 4096, 4096, False), None, 132) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(M=st.integers(1, 200), N=st.integers(1, 5000), K=st.integers(1, 20000))
+def test_mma_split_k_covers_k(M, N, K):
+    sp = G._gemm_mma.split_plan("mma", _problem("bfloat16", M, N, K, True), None, 132)
+    if sp is not None:
+        assert sp.splits >= 2 and sp.ks % 64 == 0
+        assert (sp.splits - 1) * sp.ks < K <= sp.splits * sp.ks  # no empty split, all of K
+        assert sp.splits <= 65535 and sp.grid[0] * 2 < 132

@@ -245,6 +245,23 @@ def test_skinny_split_k_is_bitwise_deterministic():
         assert np.array_equal(first.get().view(raw), again.get().view(raw))
 
 
+def test_mma_split_k_is_bitwise_deterministic():
+    # decode shapes run mma as split-K (fp32 partials added in a fixed order by a second
+    # kernel); the result must not depend on which split finished first
+    cp = _cp()
+    rng = np.random.default_rng()
+    for dtype in ("float16", "bfloat16"):
+        a = cp.asarray(rand(rng, (4, 8192), dtype))
+        b = cp.asarray(rand(rng, (8192, 2048), dtype))
+        assert G._gemm_mma.split_plan("mma", G._problems(dtype, False, False, 4, 2048, 8192, a, b, None,
+                                                           cp.empty((4, 2048), a.dtype), (), 1, 0, cp)[0])
+        first = cupyops.matmul(a, b, impl="mma")
+        cp.empty(7 * 1024 * 1024, np.uint8).fill(255)
+        again = cupyops.matmul(a, b, impl="mma")
+        assert np.array_equal(first.get().view(np.uint16), again.get().view(np.uint16))
+        check(first, reference.matmul(a.get(), b.get()), dtype, 8192, f"mma split-K {dtype}")
+
+
 def test_int8_is_exact_at_large_k():
     cp = _cp()
     rng = np.random.default_rng()

@@ -21,8 +21,18 @@ blocks per SM)), cost = waves x (blocks per SM) x BM x BN / efficiency (guessed 
 mma.sync efficiency of the tile shape: 1.0, 1.0, 0.85, 0.7); the cheapest wins, ties to
 the larger tile. ``plan()`` is the one place that chooses the kernel, so a later sm_90a
 wgmma rung slots in there.
+
+Split-K (``split_plan``): a float16 / bfloat16 product whose 64x128 tiles would not fill
+half the SMs (decode shapes: 1 x 4096 @ 4096 x 4096 is 32 tiles) splits K so that the
+tiles x splits fill two blocks an SM; each split stores fp32 partials
+(``gemm_mma_splitk``) and ``gemm_splitk_reduce`` adds them in order and applies alpha,
+beta and C. Only for ``config=None`` and a single product.
 """
-from .. import _launch
+import dataclasses
+
+import numpy as np
+
+from .. import _arrays, _launch
 from .._kernels import SPLIT_COMPILE, KernelFile, template_name
 from ._gemm_problem import LAYOUTS, check_rung
 
@@ -99,6 +109,19 @@ def _name(impl, dtype, ta, tb, cfg=None):
     return template_name("gemm_mma", _CUDA_TYPES[dtype], ta, tb, *mma_params(cfg, dtype))
 
 
+SPLIT_CONFIG = "64x128"  # the tile split-K runs (the small-M one)
+SPLIT_TYPES = ("float16", "bfloat16")
+SPLIT_MIN_K_TILES = 4  # each split covers at least this many 128-byte k-tiles
+
+
+def _split_name(dtype, ta, tb):
+    return template_name("gemm_mma_splitk", _CUDA_TYPES[dtype], ta, tb, *mma_params(SPLIT_CONFIG, dtype))
+
+
+def _reduce_name(dtype):
+    return template_name("gemm_splitk_reduce", _CUDA_TYPES[dtype])
+
+
 def _expressions():
     names = []
     for dtype in DTYPES["wmma"]:
@@ -106,6 +129,8 @@ def _expressions():
     for dtype in DTYPES["mma"]:
         for ta, tb in LAYOUTS:
             names += [_name("mma", dtype, ta, tb, cfg) for cfg in _MMA]
+    for dtype in SPLIT_TYPES:
+        names += [_split_name(dtype, ta, tb) for ta, tb in LAYOUTS] + [_reduce_name(dtype)]
     return names
 
 
@@ -131,6 +156,54 @@ def plan(impl, p, config=None, sm_count=132):
             (mma_threads(cfg, p.dtype),), mma_smem(cfg, p.dtype))
 
 
+@dataclasses.dataclass(frozen=True)
+class SplitPlan:
+    name: str  # gemm_mma_splitk instantiation
+    reduce: str  # gemm_splitk_reduce instantiation
+    splits: int  # S
+    ks: int  # K of each split (a multiple of the 128-byte k-tile)
+    grid: tuple  # of the split pass: (tiles, 1, S)
+    block: tuple
+    smem: int
+    reduce_grid: tuple
+
+
+def split_plan(impl, p, config=None, sm_count=132):
+    """The split-K launch of ``mma`` for ``p``, or None when the plain plan fills the GPU
+    (or the problem is not one product of a 16-bit type, or a config was forced)."""
+    if impl != "mma" or config is not None or p.dtype not in SPLIT_TYPES or p.batch != 1:
+        return None
+    bm, bn = mma_params(SPLIT_CONFIG, p.dtype)[:2]
+    per_sm = mma_params(SPLIT_CONFIG, p.dtype)[5]
+    bk = STAGE_K_BYTES // 2
+    tiles = _launch.cdiv(p.M, bm) * _launch.cdiv(p.N, bn)
+    if 2 * tiles >= sm_count or p.K < 2 * SPLIT_MIN_K_TILES * bk:
+        return None
+    S = min(_launch.cdiv(per_sm * sm_count, tiles), p.K // (SPLIT_MIN_K_TILES * bk), 65535)
+    ks = _launch.cdiv(_launch.cdiv(p.K, S), bk) * bk
+    S = _launch.cdiv(p.K, ks)  # no empty trailing split
+    ta, tb = p.layout()
+    reduce_blocks = min(_launch.cdiv(p.M * p.N, 256), 8 * sm_count)
+    return SplitPlan(_split_name(p.dtype, ta, tb), _reduce_name(p.dtype), S, ks, (tiles, 1, S),
+                     (mma_threads(SPLIT_CONFIG, p.dtype),), mma_smem(SPLIT_CONFIG, p.dtype),
+                     (reduce_blocks,))
+
+
+def _launch_split(sp, p, props):
+    fn = KERNELS.function(sp.name)
+    _launch.request_smem(fn, sp.smem, props, "gemm_mma (split-K)")
+    cp = _arrays.cupy_module()
+    work = cp.empty(sp.splits * p.M * p.N, dtype=np.float32)
+    i64 = np.int64
+    fn(sp.grid, sp.block, (p.A, p.B, work, np.int32(p.M), np.int32(p.N), np.int32(p.K), i64(p.lda),
+                           i64(p.ldb), np.int32(sp.ks), np.int32(sp.splits)), shared_mem=sp.smem)
+    beta = p.beta if p.C is not None else 0.0
+    KERNELS.function(sp.reduce)(
+        sp.reduce_grid, (256,),
+        (work, p.C if p.C is not None else p.D, p.D, np.int32(p.M), np.int32(p.N), np.int32(sp.splits),
+         i64(p.ldc), i64(p.ldd), np.float32(p.alpha), np.float32(beta)))
+
+
 _PLANS = {}  # memoized plans (impl, GemmProblem.shape_key, config, SMs)
 
 
@@ -144,7 +217,11 @@ def launch(impl, p, config=None):
     if pl is None:
         if len(_PLANS) > 4096:  # many distinct shapes: start over rather than grow
             _PLANS.clear()
-        pl = _PLANS[key] = plan(impl, p, config, props.sm_count)
+        pl = _PLANS[key] = (split_plan(impl, p, config, props.sm_count)
+                            or plan(impl, p, config, props.sm_count))
+    if isinstance(pl, SplitPlan):
+        _launch_split(pl, p, props)
+        return
     name, grid, block, smem = pl
     fn = KERNELS.function(name)
     if smem:
