@@ -45,26 +45,17 @@ def dtypes_of(impl):
     return tuple(d for d in GEMM_TYPES if d in _LAUNCHERS[impl].DTYPES[impl])
 
 
-# The mma rung's plan for a few rows uses 64 x 128 tiles; with at least this many of them
-# (half a wave on a 132-SM H100/H200) its plain tiles stream B faster than the split-K
-# skinny kernel. Measured on an H100 (benchmarks/gemm_sweep.py --only skinny,mma_decode,
-# results/h100-gemm-sweep-decode.txt): 1x11008x4096 fp16 mma 0.036 ms (1.01x cuBLAS)
-# against skinny 0.042 ms; 1x4096x4096 (32 tiles) mma 0.033 ms against skinny 0.021 ms;
-# 64x4096x4096 mma 0.031 ms against skinny 0.052 ms (skinny keeps 16-row groups and
-# re-reads B through L2 for each).
-MMA_DECODE_TILES = 64
-
-
 def auto_impl(dtype, M, N, K):
     """The rung ``impl="auto"`` runs: for decode-like M (the product is a stream over B)
-    the skinny split-K kernel, except fp16/bf16 products whose mma tiles already fill half
-    the GPU or with more than 16 rows, where the mma rung is faster; otherwise the top rung
-    of the dtype."""
+    float16 / bfloat16 run ``mma``, which splits K when its tiles are few
+    (_gemm_mma.split_plan), float32 and int8 the skinny split-K kernel; otherwise the top
+    rung of the dtype. Measured on an H100 (benchmarks/gemm_sweep.py --only
+    skinny,mma_decode; results/h100-gemm-sweep-decode*.txt), fp16/bf16 against cuBLAS:
+    1x4096x4096 mma 0.81-0.86x, skinny 0.78-0.79x; 16x4096x4096 0.81-0.91x against
+    0.66-0.68x; 1x11008x4096 0.96-0.97x against 0.86-0.87x; 64x4096x4096 0.73-0.75x
+    against 0.31-0.33x."""
     if M <= _gemm_skinny.MAX_M:
-        if dtype in ("float16", "bfloat16") and (
-                M > 16 or math.ceil(M / 64) * math.ceil(N / 128) >= MMA_DECODE_TILES):
-            return "mma"
-        return "skinny"
+        return "mma" if dtype in ("float16", "bfloat16") else "skinny"
     return "pipelined" if dtype == "float32" else "mma"
 
 
