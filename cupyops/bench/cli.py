@@ -221,8 +221,6 @@ def run(args, plan, settings):
     from . import timing
 
     t_start = time.perf_counter()
-    # Every kernel file the plan needs compiles now, in parallel threads (NVRTC runs without
-    # the GIL): a cold quick suite is bounded by the slowest file instead of the sum of all.
     # Every kernel file the plan needs starts compiling now, in parallel threads (NVRTC runs
     # without the GIL); a case waits only for its own file, so the first operators are
     # timed while the GEMM files still compile: a cold quick suite is bounded by the slowest

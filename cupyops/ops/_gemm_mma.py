@@ -22,9 +22,9 @@ mma.sync efficiency of the tile shape: 1.0, 1.0, 0.85, 0.7); the cheapest wins, 
 the larger tile. ``plan()`` is the one place that chooses the kernel, so a later sm_90a
 wgmma rung slots in there.
 
-Split-K (``split_plan``): a float16 / bfloat16 product whose 64x128 tiles would not fill
-half the SMs (decode shapes: 1 x 4096 @ 4096 x 4096 is 32 tiles) splits K so that the
-tiles x splits fill two blocks an SM; each split stores fp32 partials
+Split-K (``split_plan``): a float16 / bfloat16 product whose 64x128 tiles would cover at
+most a third of the SMs (decode shapes: 1 x 4096 @ 4096 x 4096 is 32 tiles) splits K so
+that the tiles x splits fill two blocks an SM; each split stores fp32 partials
 (``gemm_mma_splitk``) and ``gemm_splitk_reduce`` adds them in order and applies alpha,
 beta and C. Only for ``config=None`` and a single product.
 """
