@@ -4,7 +4,7 @@ variants from the textbook version to the hardware limit, JIT-compiled through C
 Importing is cheap (CuPy is imported on the first operator call). Arrays: CuPy in ->
 CuPy out, on CuPy's current stream; NumPy in -> NumPy out (through pinned memory).
 """
-from ._kernels import CompileError, warmup
+from ._kernels import CompileError, warmup, warmup_async
 from .ops import OPS, variants
 from .ops.attention import attention
 from .ops.gemm import gemm, matmul
@@ -33,4 +33,5 @@ __all__ = [
     "trace",
     "variants",
     "warmup",
+    "warmup_async",
 ]
