@@ -11,6 +11,7 @@ by side with cupy and torch and with a device copy moving the same bytes.
 """
 import argparse
 import contextlib
+import functools
 import json
 import time
 
@@ -18,7 +19,6 @@ import cupy as cp
 import numpy as np
 
 import cupyops
-from cupyops import _launch
 from cupyops.bench.timing import L2Flusher, copy_bandwidth, copy_ms_for, time_gpu
 from cupyops.ops import reduce
 
@@ -62,27 +62,6 @@ def patched(module, name, value):
         setattr(module, name, saved)
 
 
-def group_with_batches(batches, cap):
-    """reduce.vector_group with ``batches`` rounds of 4 loads a thread and at most ``cap``
-    threads a group (the rule in reduce.py: 2 and 256; before this probe: 4 and 512)."""
-    def vector_group(L, itemsize):
-        nvec = _launch.cdiv(L * itemsize, 16)
-        return min(cap, max(4, _launch.pow2_ceil(_launch.cdiv(nvec, 4 * batches))))
-    return vector_group
-
-
-def split_with(min_len, per_sm):
-    """reduce.split_plan with other segment length and pieces-per-SM targets."""
-    def split_plan(R, n, sm_count, impl, vec):
-        target = per_sm * sm_count
-        if R >= target or n < 2 * min_len:
-            return 1, n
-        S = min(_launch.cdiv(target, R), n // min_len)
-        L = _launch.cdiv(_launch.cdiv(n, S), vec) * vec
-        return _launch.cdiv(n, L), L
-    return split_plan
-
-
 def variants():
     """name -> (applies(op, dtype, axis), context manager factory, impl)"""
     red = lambda op, dt, ax: op in ("sum", "max")  # noqa: E731
@@ -96,10 +75,12 @@ def variants():
     v["block"] = (red, contextlib.nullcontext, "block")
     for b, cap in ((1, 256), (2, 256), (4, 256), (8, 256), (2, 512), (4, 512)):
         v[f"batches{b}/{cap}"] = (
-            red, lambda b=b, c=cap: patched(reduce, "vector_group", group_with_batches(b, c)), "vector")
+            red, lambda b=b, c=cap: patched(reduce, "vector_group",
+                                            functools.partial(reduce.vector_group, batches=b, cap=c)), "vector")
     for min_len, per_sm in ((8192, 64), (32768, 64), (65536, 64), (16384, 16), (16384, 32), (16384, 128)):
         v[f"seg{min_len // 1024}k/{per_sm}"] = (
-            whole, lambda a=min_len, b=per_sm: patched(reduce, "split_plan", split_with(a, b)), "auto")
+            whole, lambda a=min_len, b=per_sm: patched(reduce, "split_plan", functools.partial(
+                reduce.split_plan, min_len=a, per_sm=b)), "auto")
     return v
 
 

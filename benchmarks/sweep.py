@@ -11,7 +11,7 @@ import json
 import cupy as cp
 import numpy as np
 
-from cupyops import _dtypes, _launch, reference
+from cupyops import _arrays, _dtypes, _launch, reference
 from cupyops._kernels import template_name
 from cupyops.bench.timing import L2Flusher, copy_bandwidth, time_gpu
 from cupyops.ops import norm, reduce, softmax
@@ -53,7 +53,7 @@ def sweep_sum(dt, shape, out):
         for block in sorted({max(G, 128), max(G, 256)}):
             if block > 1024:
                 continue
-            args = (x, y, np.int64(R), np.int64(n), np.int32(1), np.int64(n), np.int32(G), np.int32(1), reduce._NULL, reduce._NULL)
+            args = (x, y, np.int64(R), np.int64(n), np.int32(1), np.int64(n), np.int32(G), np.int32(1), _arrays.NULL_PTR, _arrays.NULL_PTR)
             yield f"G={G} block={block}", lambda a=args, G=G, b=block: fn((_launch.cdiv(R, b // G),), (b,), a), x.nbytes, check
     yield from _split_configs(dt, x, y, R, n, dout, check)
 
@@ -113,7 +113,7 @@ def sweep_rows(op, dt, shape, out):
     kf = {"softmax": softmax.KERNELS, "layer_norm": norm.KERNELS, "rms_norm": norm.KERNELS}[op]
     base = {
         "softmax": (x, y, np.int64(R), np.int32(n)),
-        "layer_norm": (x, w, b, y, np.uint64(0), np.uint64(0), np.int64(R), np.int32(n), eps),
+        "layer_norm": (x, w, b, y, _arrays.NULL_PTR, _arrays.NULL_PTR, np.int64(R), np.int32(n), eps),
         "rms_norm": (x, w, y, np.int64(R), np.int32(n), eps),
     }[op]
     nbytes = 2 * x.nbytes

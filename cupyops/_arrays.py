@@ -17,6 +17,11 @@ except ImportError:  # numpy < 1.25
     from numpy import AxisError
 
 
+# A null device pointer as a kernel argument (an absent weight, an unused workspace): CuPy's
+# launch does not take None for a pointer in every version.
+NULL_PTR = np.uint64(0)
+
+
 def is_cupy(a):
     # Looking at the type's module avoids importing CuPy (slow) in the host-only path.
     return type(a).__module__.startswith("cupy")

@@ -139,17 +139,8 @@ class _Hold:
 def copy_bandwidth(nbytes=1 << 30, *, repeats=20, warmup=3, flush=None):
     """Device-to-device cudaMemcpyAsync of ``nbytes``, timed like the cases. Returns
     GB/s counting bytes read + bytes written (2 * nbytes), the same way the cases count."""
-    import cupy
-
-    src = cupy.empty(nbytes, dtype=cupy.uint8)
-    src.fill(1)  # touch the pages so the first copy does not pay for mapping them
-    dst = cupy.empty_like(src)
-
-    def copy():
-        dst.data.copy_from_device_async(src.data, nbytes)
-
-    t = time_gpu(copy, repeats=repeats, warmup=warmup, flush=flush, budget_s=10.0)
-    return 2 * nbytes / (t.median_ms * 1e-3) / 1e9
+    ms = copy_ms_for(2 * nbytes, repeats=repeats, warmup=warmup, flush=flush)
+    return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
 def copy_ms_for(nbytes, *, repeats=20, warmup=3, flush=None):

@@ -44,8 +44,6 @@ def _expressions():
 KERNELS = KernelFile("norm.cu", _expressions())
 KERNEL_FILES = [KERNELS]
 
-_NULL = np.uint64(0)  # a null device pointer for an absent weight / bias / stats
-
 
 def _check(x, weight, bias, eps, out, impl, op):
     x = _arrays.as_input(x, "x")
@@ -104,7 +102,7 @@ def rms_norm(x, weight=None, eps=1e-6, *, out=None, impl="auto"):
 
 
 def _p(a):
-    return _NULL if a is None else a
+    return _arrays.NULL_PTR if a is None else a
 
 
 def _norm_rows(op, impl, dt, xd, wd, bd, y, mean, rstd, rows, n, eps):

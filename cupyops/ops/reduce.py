@@ -203,13 +203,14 @@ def _strided(op, xd, y, outer, R, inner, din, dout):
        (xd, y, np.int64(outer), np.int64(R), np.int64(inner)))
 
 
-def split_plan(R, n, sm_count, impl, vec):
+def split_plan(R, n, sm_count, impl, vec, *, min_len=None, per_sm=None):
     """(S, L): cut each of R rows of n elements into S segments of L elements so that
-    there are enough independent pieces of work to fill ``sm_count`` SMs."""
+    there are enough independent pieces of work to fill ``sm_count`` SMs (``per_sm``
+    pieces an SM, segments of at least ``min_len`` elements; defaults by rung)."""
     # Measured: many segments (several waves of blocks) beat one wave of long ones, whose
     # slowest block sets the end; 16K-element segments keep the second pass negligible.
-    target = {"naive": 256, "block": 64, "vector": 64}[impl] * sm_count
-    min_len = {"naive": 1024, "block": 16384, "vector": 16384}[impl]
+    target = (per_sm or {"naive": 256, "block": 64, "vector": 64}[impl]) * sm_count
+    min_len = min_len or {"naive": 1024, "block": 16384, "vector": 16384}[impl]
     if R >= target or n < 2 * min_len:
         return 1, n
     S = min(_launch.cdiv(target, R), n // min_len)
@@ -217,14 +218,14 @@ def split_plan(R, n, sm_count, impl, vec):
     return _launch.cdiv(n, L), L
 
 
-def vector_group(L, itemsize):
+def vector_group(L, itemsize, *, batches=2, cap=256):
     """Threads per virtual row of reduce_rows_vector: enough that each thread runs about
-    two batches of 4 16-byte loads, 4 to 256. Measured (benchmarks/reduce_probe.py, H100):
+    ``batches`` batches of 4 16-byte loads, 4 to ``cap`` (2 and 256 by default). Measured (benchmarks/reduce_probe.py, H100):
     two batches beat four on 2-byte rows and whole arrays (+2-4 %) and on 4096- and
     8192-long float32 rows; groups of 512 lose 4-8 % on float32 segments of 16K
     elements, which therefore keep 256 threads and four batches."""
     nvec = _launch.cdiv(L * itemsize, 16)
-    return min(256, builtins.max(4, _launch.pow2_ceil(_launch.cdiv(nvec, 8))))
+    return min(cap, builtins.max(4, _launch.pow2_ceil(_launch.cdiv(nvec, 4 * batches))))
 
 
 # The `vector` rung finishes a row of at most this many segments in the same launch (the
@@ -254,10 +255,8 @@ def _rows(op, impl, xd, y, R, n, din, dout):
     _rows_launch(op, impl, partial, y, R, S, 1, S, acc, dout)
 
 
-_NULL = np.uint64(0)  # a null device pointer (CuPy's launch does not take None everywhere)
-
-
-def _rows_launch(op, impl, xd, y, R, n, S, L, din, dout, partial=_NULL, tickets=_NULL):
+def _rows_launch(op, impl, xd, y, R, n, S, L, din, dout, partial=_arrays.NULL_PTR,
+                 tickets=_arrays.NULL_PTR):
     fn = KERNELS.function(_name(_ROW_KERNELS[impl], op, din, dout))
     V = R * S
     args = (xd, y, np.int64(R), np.int64(n), np.int32(S), np.int64(L))
