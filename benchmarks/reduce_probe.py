@@ -53,13 +53,16 @@ CASES = [  # (op, dtype, shape, axis)
 
 # ------------------------------------------------------------------ variants
 @contextlib.contextmanager
-def patched(module, name, value):
-    saved = getattr(module, name)
-    setattr(module, name, value)
+def patched(module, name, value, **more):
+    values = {name: value, **more}
+    saved = {k: getattr(module, k) for k in values}
+    for k, val in values.items():
+        setattr(module, k, val)
     try:
         yield
     finally:
-        setattr(module, name, saved)
+        for k, val in saved.items():
+            setattr(module, k, val)
 
 
 def variants():
@@ -69,8 +72,13 @@ def variants():
     f32 = lambda op, dt, ax: op in ("sum", "max") and dt == "float32"  # noqa: E731
     v = {"current": (lambda *a: True, contextlib.nullcontext, "auto")}
     split = lambda op, dt, ax: op == "sum" and (ax is None or dt == "float32")  # noqa: E731
-    v["two_pass"] = (split, lambda: patched(reduce, "ONE_LAUNCH_SPLITS", 0), "auto")
-    v["one_launch"] = (split, lambda: patched(reduce, "ONE_LAUNCH_SPLITS", 1 << 30), "auto")
+    v["segments"] = (split, lambda: patched(reduce, "FLAT_MAX_ROWS", 0), "auto")
+    for per_sm in (2, 3):
+        v[f"flat/{per_sm}"] = (split, lambda b=per_sm: patched(reduce, "flat_plan", functools.partial(
+            reduce.flat_plan, per_sm=b)), "auto")
+    # the segment path's two finishes (the flat path is off for these)
+    v["two_pass"] = (split, lambda: patched(reduce, "FLAT_MAX_ROWS", 0, ONE_LAUNCH_SPLITS=0), "auto")
+    v["one_launch"] = (split, lambda: patched(reduce, "FLAT_MAX_ROWS", 0, ONE_LAUNCH_SPLITS=1 << 30), "auto")
     v["vector"] = (f32, contextlib.nullcontext, "vector")
     v["block"] = (red, contextlib.nullcontext, "block")
     for b, cap in ((1, 256), (2, 256), (4, 256), (8, 256), (2, 512), (4, 512)):

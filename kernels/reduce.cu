@@ -16,6 +16,9 @@
 //                       batches of loads), 16-byte loads, UNROLL of them in flight per
 //                       thread, independent accumulators, shuffles: what it takes to reach
 //                       the copy bandwidth.
+//   reduce_rows_flat    the vector rung's path for a few long rows (and the whole array):
+//                       one resident wave of blocks striding through each row together,
+//                       finished by the row's last block in the same launch.
 //   reduce_strided      any other single axis: (outer, R, inner), one thread per output,
 //                       consecutive threads read consecutive inner elements.
 //   trace_naive / trace_block / trace_unrolled: one thread; one block with a tree;
@@ -93,78 +96,56 @@ __device__ __forceinline__ A vec_reduce(const uint4& raw) {
     }
 }
 
-// `partial`, `tickets` (both null, or both set with S > 1 and G == blockDim.x): the row's
-// segments are finished in this launch instead of a second pass. Each block stores its
-// segment's result in partial[v], fences, and draws a ticket from tickets[r]; the block
+// The i-th 16-byte vector of p (16-byte aligned).
+template <typename Tin>
+__device__ __forceinline__ uint4 ldg_vec(const Tin* p, i64 i) {
+    return __ldg(reinterpret_cast<const uint4*>(p + i * Vec<Tin>::N));
+}
+
+// Stream 16-byte vectors i, i + stride, ... of p (i < nvec) into UNROLL accumulators and
+// return the first index not taken. UNROLL independent loads are in flight before any is
+// used, and the loop is software-pipelined by hand: the next batch is issued before the
+// current one is widened and added. ptxas pipelines this loop by itself for float32 but
+// not for 2-byte types, whose SASS otherwise waits for each batch. Independent
+// accumulators: one chain of dependent adds would wait on the adder, not on memory.
+template <typename Op, typename A, typename Tin, int UNROLL>
+__device__ __forceinline__ i64 stream_vectors(const Tin* __restrict__ p, i64 i, int stride,
+                                              i64 nvec, A (&acc)[UNROLL]) {
+    if (i + (UNROLL - 1) * stride < nvec) {
+        uint4 cur[UNROLL], nxt[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) cur[u] = ldg_vec(p, i + u * stride);
+        while (true) {
+            const i64 in = i + UNROLL * stride;
+            const bool more = in + (UNROLL - 1) * stride < nvec;
+            if (more) {
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u) nxt[u] = ldg_vec(p, in + u * stride);
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) acc[u] = Op::apply(acc[u], vec_reduce<Op, A, Tin>(cur[u]));
+            i = in;
+            if (!more) break;
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) cur[u] = nxt[u];
+        }
+    }
+    for (; i < nvec; i += stride) acc[0] = Op::apply(acc[0], vec_reduce<Op, A, Tin>(ldg_vec(p, i)));
+    return i;
+}
+
+// The last-block finish shared by the split kernels: every block of row r stores its
+// result in its slot of partial (r * S + its index in the row), fences, and draws a ticket from tickets[r]; the block
 // drawing the row's last ticket reduces the row's S partials in a fixed order (so the
 // result does not depend on which block came last) and resets the counter to zero.
-template <typename Tin, typename Tout, typename Op>
-__global__ void reduce_rows_vector(const Tin* __restrict__ x, Tout* __restrict__ y, i64 R, i64 n,
-                                   int S, i64 L, int G, int aligned,
-                                   typename AccOf<Op, Tout>::type* __restrict__ partial,
-                                   unsigned* __restrict__ tickets) {
-    typedef typename AccOf<Op, Tout>::type A;
-    constexpr int N = Vec<Tin>::N;
-    // 4 loads in flight per thread (8 for 2-byte types measured no better)
-    constexpr int UNROLL = 4;
-    __shared__ A scratch[32];
-    const int t = threadIdx.x % G;
-    const i64 v = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
-    const bool active = v < R * S;
-    // UNROLL independent accumulators: one long chain of dependent adds would make the
-    // loop wait on the adder's latency instead of on memory.
-    A acc[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) acc[u] = Op::template identity<A>();
-    if (active) {
-        const i64 r = v / S, s = v % S;
-        const i64 begin = s * L, end = min(n, begin + L);
-        const Tin* p = x + r * n + begin;
-        const i64 len = end - begin;
-        const i64 nvec = aligned ? len / N : 0;
-        i64 i = t;
-        // UNROLL independent 16-byte loads in flight before any is used
-        // Software-pipelined by hand: the next batch of UNROLL loads is issued before the
-        // current batch is widened and added. ptxas pipelines this loop by itself for
-        // float32 but not for 2-byte types, whose SASS otherwise waits for each batch.
-        if (i + (UNROLL - 1) * G < nvec) {
-            uint4 cur[UNROLL], nxt[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) cur[u] = __ldg(reinterpret_cast<const uint4*>(p + (i + u * G) * N));
-            while (true) {
-                const i64 in = i + UNROLL * G;
-                const bool more = in + (UNROLL - 1) * G < nvec;
-                if (more) {
-#pragma unroll
-                    for (int u = 0; u < UNROLL; ++u) nxt[u] = __ldg(reinterpret_cast<const uint4*>(p + (in + u * G) * N));
-                }
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) acc[u] = Op::apply(acc[u], vec_reduce<Op, A, Tin>(cur[u]));
-                i = in;
-                if (!more) break;
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) cur[u] = nxt[u];
-            }
-        }
-        for (; i < nvec; i += G) {
-            A f[N];
-            load_vec_acc(p + i * N, f);
-#pragma unroll
-            for (int j = 0; j < N; ++j) acc[0] = Op::apply(acc[0], f[j]);
-        }
-        for (i64 k = nvec * N + t; k < len; k += G) acc[0] = Op::apply(acc[0], to_acc<A>(p[k]));
-    }
-#pragma unroll
-    for (int u = 1; u < UNROLL; ++u) acc[0] = Op::apply(acc[0], acc[u]);
-    const A total = group_reduce<Op>(acc[0], G, scratch);
-    if (tickets == nullptr) {
-        if (active && t == 0) y[v] = from_acc<Tout>(total);
-        return;
-    }
+// Called by all threads of the block; `total` is valid in every thread.
+template <typename Op, typename A, typename Tout>
+__device__ __forceinline__ void finish_row(A total, i64 r, i64 slot, int S, A* __restrict__ partial,
+                                           unsigned* __restrict__ tickets, Tout* __restrict__ y,
+                                           A* scratch) {
     __shared__ bool s_last;
-    const i64 r = v / S;
     if (threadIdx.x == 0) {
-        partial[v] = total;
+        partial[slot] = total;
         __threadfence();  // the partial is visible before the ticket that counts it
         const unsigned ticket = atomicAdd(tickets + r, 1u);
         s_last = ticket == static_cast<unsigned>(S - 1);
@@ -178,6 +159,82 @@ __global__ void reduce_rows_vector(const Tin* __restrict__ x, Tout* __restrict__
     for (int k = threadIdx.x; k < S; k += blockDim.x) a = Op::apply(a, __ldcg(pr + k));
     a = group_reduce<Op>(a, blockDim.x, scratch);
     if (threadIdx.x == 0) y[r] = from_acc<Tout>(a);
+}
+
+// `partial`, `tickets` (both null, or both set with S > 1 and G == blockDim.x): the row's
+// segments are finished in this launch (finish_row) instead of a second pass.
+template <typename Tin, typename Tout, typename Op>
+__global__ void reduce_rows_vector(const Tin* __restrict__ x, Tout* __restrict__ y, i64 R, i64 n,
+                                   int S, i64 L, int G, int aligned,
+                                   typename AccOf<Op, Tout>::type* __restrict__ partial,
+                                   unsigned* __restrict__ tickets) {
+    typedef typename AccOf<Op, Tout>::type A;
+    constexpr int N = Vec<Tin>::N;
+    // 4 loads in flight per thread (8 for 2-byte types measured no better)
+    constexpr int UNROLL = 4;
+    __shared__ A scratch[32];
+    const int t = threadIdx.x % G;
+    const i64 v = (i64)blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
+    const bool active = v < R * S;
+    A acc[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) acc[u] = Op::template identity<A>();
+    if (active) {
+        const i64 r = v / S, s = v % S;
+        const i64 begin = s * L, end = min(n, begin + L);
+        const Tin* p = x + r * n + begin;
+        const i64 len = end - begin;
+        const i64 nvec = aligned ? len / N : 0;
+        stream_vectors<Op, A, Tin, UNROLL>(p, t, G, nvec, acc);
+        for (i64 k = nvec * N + t; k < len; k += G) acc[0] = Op::apply(acc[0], to_acc<A>(p[k]));
+    }
+#pragma unroll
+    for (int u = 1; u < UNROLL; ++u) acc[0] = Op::apply(acc[0], acc[u]);
+    const A total = group_reduce<Op>(acc[0], G, scratch);
+    if (tickets == nullptr) {
+        if (active && t == 0) y[v] = from_acc<Tout>(total);
+        return;
+    }
+    finish_row<Op>(total, v / S, v, S, partial, tickets, y, scratch);
+}
+
+// A few long rows (axis=None is one row): blockIdx.y is the row, and the gridDim.x blocks
+// of a row stride through all of it together, FLAT_THREADS x gridDim.x threads apart, so
+// every block gets the same share of the row to within one vector. The launch is sized
+// to be resident at once (FLAT_BLOCKS_PER_SM blocks an SM, guaranteed by the launch
+// bounds): no second wave, no tail of slow segments, and the row is finished in this
+// launch by finish_row. Elements before the row's first 16-byte boundary and after its
+// last one are reduced one by one, so any row start is vectorized.
+constexpr int FLAT_THREADS = 256;
+constexpr int FLAT_BLOCKS_PER_SM = 4;
+
+template <typename Tin, typename Tout, typename Op>
+__global__ void __launch_bounds__(FLAT_THREADS, FLAT_BLOCKS_PER_SM)
+reduce_rows_flat(const Tin* __restrict__ x, Tout* __restrict__ y, i64 n,
+                 typename AccOf<Op, Tout>::type* __restrict__ partial,
+                 unsigned* __restrict__ tickets) {
+    typedef typename AccOf<Op, Tout>::type A;
+    constexpr int N = Vec<Tin>::N;
+    // 2-byte types summed into double widen 8 elements a vector into 8-byte registers:
+    // two loads in flight keep them inside the 64 registers of 4 blocks an SM (sm_80 spills)
+    constexpr int UNROLL = sizeof(A) > 2 * sizeof(Tin) ? 2 : 4;
+    __shared__ A scratch[32];
+    const i64 r = blockIdx.y;
+    const Tin* p = x + r * n;
+    const int stride = gridDim.x * FLAT_THREADS;
+    const i64 g = (i64)blockIdx.x * FLAT_THREADS + threadIdx.x;
+    const i64 head = min(n, (i64)(((16ull - (reinterpret_cast<unsigned long long>(p) & 15ull)) & 15ull) / sizeof(Tin)));
+    const i64 nvec = (n - head) / N;
+    A acc[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) acc[u] = Op::template identity<A>();
+    if (g < head) acc[0] = Op::apply(acc[0], to_acc<A>(p[g]));
+    stream_vectors<Op, A, Tin, UNROLL>(p + head, g, stride, nvec, acc);
+    for (i64 k = head + nvec * N + g; k < n; k += stride) acc[1] = Op::apply(acc[1], to_acc<A>(p[k]));
+#pragma unroll
+    for (int u = 1; u < UNROLL; ++u) acc[0] = Op::apply(acc[0], acc[u]);
+    const A total = group_reduce<Op>(acc[0], FLAT_THREADS, scratch);
+    finish_row<Op>(total, r, r * gridDim.x + blockIdx.x, gridDim.x, partial, tickets, y, scratch);
 }
 
 // Reduce axis 1 of a contiguous (outer, R, inner) array into (outer, inner).

@@ -522,9 +522,10 @@ REDUCE_CASES = [
     ((37, 200), -1, False),  # vector: a warp per row, 16-byte loads
     ((37, 201), 1, True),  # odd rows: unaligned scalar loads; keepdims
     ((5, 8192), -1, False),  # a 256-thread block per row
-    ((5, 40000), -1, False),  # 1024-thread block per row, a 2-way split
-    ((3, 200000), -1, False),  # split plan: few long rows + second pass
-    ((3, 200001), -1, False),  # split plan, unaligned rows
+    ((5, 40000), -1, False),  # a 2-way split (vector: a flat wave of blocks)
+    ((3, 200000), -1, False),  # split plan: few long rows (vector: flat, finished in one launch)
+    ((3, 200001), -1, False),  # split plan, unaligned rows (flat: scalar head and tail a row)
+    ((100, 70001), -1, False),  # many long unaligned rows: segments, finished in one launch
     ((2500, 2000), None, False),  # axis=None, 5e6 elements: one row, split + second pass
     ((40000, 3), -1, False),  # many tiny rows, no split
     ((1000, 37), 0, False),  # reduce_strided over axis 0
@@ -766,24 +767,30 @@ def test_auto_is_bitwise_deterministic(op, shape):
         assert_rows_match(first, ref[0] if op == "layer_norm" else ref, "float32")
 
 
-@pytest.mark.parametrize("shape,axis", [((10_000_000,), None), ((3, 200000), -1), ((2, 200001), -1)])
-def test_split_sums_finish_in_one_launch_and_leave_tickets_zeroed(shape, axis, monkeypatch):
-    # the vector rung's split rows (up to ONE_LAUNCH_SPLITS segments) are finished by their
-    # last block; the ticket counters must be back at zero for the next launch on the
-    # stream, and the two-pass path agrees
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape,axis", [((10_000_000,), None), ((3, 200000), -1), ((2, 200001), -1),
+                                        ((65, 100000), -1)])
+def test_split_sums_finish_in_one_launch_and_leave_tickets_zeroed(shape, axis, dtype, monkeypatch):
+    # the vector rung's split rows are finished by their last block, on the flat path (at
+    # most FLAT_MAX_ROWS rows) and on the segment path (up to ONE_LAUNCH_SPLITS segments);
+    # the ticket counters must be back at zero for the next launch on the stream, and the
+    # two-pass path agrees
     cp = _cupy()
     from cupyops import _arrays
     from cupyops.ops import reduce as R
 
     rng = np.random.default_rng()
-    values = rand(rng, shape, "float32", loc=1.0)
+    values = rand(rng, shape, dtype, loc=1.0 if dtype == "float32" else 0.0)  # no fp16 overflow
     x = cp.asarray(values)
-    one = cupyops.sum(x, axis=axis, impl="vector")
-    assert not _arrays.tickets(1).any()
+    flat = cupyops.sum(x, axis=axis, impl="vector")
+    assert not _arrays.tickets(128).any()
+    monkeypatch.setattr(R, "FLAT_MAX_ROWS", 0)
+    segments = cupyops.sum(x, axis=axis, impl="vector")
+    assert not _arrays.tickets(128).any()
     monkeypatch.setattr(R, "ONE_LAUNCH_SPLITS", 0)
     two = cupyops.sum(x, axis=axis, impl="vector")
-    for got in (one, two):
-        assert_matches(got, reference.sum(values, axis=axis), "float32", tol=sum_tol("float32", values.size))
+    for got in (flat, segments, two):
+        assert_matches(got, reference.sum(values, axis=axis), dtype, tol=sum_tol(dtype, values.size))
 
 
 def test_stream_semantics():

@@ -76,6 +76,23 @@ def test_split_plan_covers_rows(R, n, impl):
         assert L % 4 == 0
 
 
+@given(R=st.integers(1, 64), n=st.integers(32768, 1 << 31), sms=st.sampled_from([1, 108, 132]))
+@settings(max_examples=200, deadline=None)
+def test_flat_plan_stays_resident(R, n, sms):
+    # reduce_rows_flat's blocks must all be resident at once (FLAT_BLOCKS_PER_SM an SM,
+    # the kernel's launch bounds) and each must have work
+    P = reduce.flat_plan(R, n, sms)
+    assert P >= 1
+    assert R * P <= max(R, reduce.FLAT_BLOCKS_PER_SM * sms)
+    assert P <= -(-n // reduce.FLAT_MIN_BLOCK_ELEMS)
+
+
+def test_flat_plan_of_a_whole_array():
+    assert reduce.flat_plan(1, 1 << 26, 132) == 4 * 132
+    assert reduce.flat_plan(1, 65536, 132) == 8  # at least 8192 elements a block
+    assert reduce.flat_plan(3, 200000, 132) == 25
+
+
 def test_vector_group():
     assert reduce.vector_group(17, 4) == 4
     assert reduce.vector_group(8192, 4) == 256  # 8 vectors a thread: 2 batches of 4

@@ -2,9 +2,10 @@
 
 Fast paths: the whole array and trailing axes are row reductions (R rows of n contiguous
 elements); one other axis is a strided reduction; any other set of axes is moved to the
-end (one copy) and reduced as rows. Few long rows are cut into segments whose partials a
-second pass reduces, so the GPU stays busy without atomics (results are bitwise the same
-run to run on a given GPU).
+end (one copy) and reduced as rows. Long rows are cut into segments, or (a few rows, the
+whole array) strided by a resident wave of blocks; the partials are reduced in a fixed
+order by the row's last block or a second pass, so the GPU stays busy without float
+atomics (results are bitwise the same run to run on a given GPU).
 """
 import builtins
 
@@ -24,7 +25,8 @@ _ROW_LADDER = {
     "naive": "one thread per output row, scalar loop: uncoalesced, the textbook version",
     "block": "one 256-thread block per row, coalesced scalar loads, shared-memory tree",
     "vector": "16-byte loads, 4 in flight per thread, a group of threads sized to the row, "
-    "shuffle reductions, long rows split into segments plus a second pass",
+    "shuffle reductions; long rows split into segments, and a few long rows (the whole "
+    "array) strided by one resident wave of blocks, finished in the same launch",
 }
 VARIANTS["sum"] = dict(_ROW_LADDER)
 VARIANTS["max"] = dict(_ROW_LADDER)
@@ -64,6 +66,13 @@ def _pairs(op):
     return list(dict.fromkeys(pairs + split))
 
 
+def _pairs_of_flat(op):
+    """reduce_rows_flat finishes its rows itself: only the user-facing pairs."""
+    if op == "max":
+        return [(d, d) for d in _dtypes.REDUCE_TYPES]
+    return [(i, o) for i, outs in SUM_PAIRS.items() for o in outs]
+
+
 def _name(kernel, op, din, dout):
     return template_name(kernel, _dtypes.cuda_type(din), _dtypes.cuda_type(dout), _OPS[op][0])
 
@@ -74,6 +83,8 @@ def _expressions():
         for din, dout in _pairs(op):
             for k in (*_ROW_KERNELS.values(), "reduce_strided"):
                 names.append(_name(k, op, din, dout))
+        for din, dout in dict.fromkeys(_pairs_of_flat(op)):
+            names.append(_name("reduce_rows_flat", op, din, dout))
     for din in _dtypes.REDUCE_TYPES:
         for k in _TRACE_KERNELS.values():
             names.append(template_name(k, _dtypes.cuda_type(din), _dtypes.cuda_type(SUM_DEFAULT[din])))
@@ -237,6 +248,24 @@ def vector_group(L, itemsize, *, batches=2, cap=256):
 ONE_LAUNCH_SPLITS = 1024
 
 
+# The `vector` rung reduces at most this many rows that need splitting with
+# reduce_rows_flat (every block of a row strides through all of it; one resident wave of
+# FLAT_BLOCKS_PER_SM blocks an SM, at least FLAT_MIN_BLOCK_ELEMS elements a block), and
+# more rows as segments (split_plan). Contiguous segments leave the end of the launch to
+# its slowest wave: the H100 measured whole-array sums 3-6 us slower than the row sums of
+# the same bytes (results/h100-full.md), the time of the second pass or the last wave.
+FLAT_MAX_ROWS = 64
+FLAT_THREADS = 256  # = FLAT_THREADS and FLAT_BLOCKS_PER_SM of kernels/reduce.cu
+FLAT_BLOCKS_PER_SM = 4
+FLAT_MIN_BLOCK_ELEMS = 8192
+
+
+def flat_plan(R, n, sm_count, *, per_sm=FLAT_BLOCKS_PER_SM):
+    """Blocks a row for reduce_rows_flat: R rows together fill ``per_sm`` (at most the
+    kernel's FLAT_BLOCKS_PER_SM, so that all are resident) blocks an SM."""
+    return builtins.max(1, builtins.min((per_sm * sm_count) // R, _launch.cdiv(n, FLAT_MIN_BLOCK_ELEMS)))
+
+
 def _rows(op, impl, xd, y, R, n, din, dout):
     props = _launch.device_props()
     vec = 16 // xd.itemsize
@@ -246,6 +275,12 @@ def _rows(op, impl, xd, y, R, n, din, dout):
         return
     acc = _OPS[op][1][dout]
     cp = _arrays.cupy_module()
+    if impl == "vector" and R <= FLAT_MAX_ROWS:
+        P = flat_plan(R, n, props.sm_count)
+        partial = cp.empty((R, P), _dtypes.to_dtype(acc))
+        fn = KERNELS.function(_name("reduce_rows_flat", op, din, dout))
+        fn((P, R), (FLAT_THREADS,), (xd, y, np.int64(n), partial, _arrays.tickets(R)))
+        return
     partial = cp.empty((R, S), _dtypes.to_dtype(acc))
     if impl == "vector" and S <= ONE_LAUNCH_SPLITS and vector_group(L, xd.itemsize) >= 128:
         # one segment a block (G == block), which the in-kernel finish needs
