@@ -7,7 +7,7 @@ cupyops/ops/reduce.py, or the rung), is checked against CuPy on the same input,
 and is timed like the benchmark (CUDA events, read flush before each repeat, median), side
 by side with cupy and torch and with a device copy moving the same bytes.
 
-    python benchmarks/reduce_probe.py [--json PATH] [--only sum,max,softmax,...]
+    python benchmarks/reduce_probe.py [--json PATH] [--only sum,max,softmax,...] [--variants a,b]
 """
 import argparse
 import contextlib
@@ -147,6 +147,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--only", help="comma-separated ops")
+    ap.add_argument("--variants", help="comma-separated variant names (default: all)")
     args = ap.parse_args()
     cases = [c for c in CASES if not args.only or c[0] in args.only.split(",")]
     t0 = time.perf_counter()
@@ -158,6 +159,8 @@ def main():
     copy_bw = copy_bandwidth(1 << 30, flush=flush)
     print(f"copy bandwidth (1 GiB) {copy_bw:.0f} GB/s", flush=True)
     table = variants()
+    if args.variants:
+        table = {k: v for k, v in table.items() if k in args.variants.split(",")}
     results = []
     for op, dt, shape, axis in cases:
         x = cp.random.standard_normal(shape, dtype=cp.float32).astype(

@@ -1,0 +1,82 @@
+"""Probe of the attention `decode` rung against SDPA (issue 4's decode shapes: bf16, q_len 1,
+Hq 32, Hkv 8, head_dim 128, batch 16 and 64, 4096 and 32768 keys): the ring depth of
+launches with at most one block an SM (``_attention_decode.DEEP_STAGES``), each variant
+checked against SDPA's cuDNN output and timed like the benchmark (CUDA events, L2 flushed
+by a read before each repeat, median), side by side with SDPA's cuDNN and flash backends.
+
+    python benchmarks/decode_probe.py [--json PATH] [--repeats N]
+"""
+import argparse
+import json
+
+import cupy as cp
+import numpy as np
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import cupyops
+from cupyops.bench.timing import L2Flusher, time_gpu
+from cupyops.ops import _attention_decode as dec
+
+SHAPES = [(16, 4096), (64, 4096), (16, 32768), (64, 32768)]  # (B, Skv)
+Hq, Hkv, D = 32, 8, 128
+
+
+def variants():
+    out = {"default": {}}
+    for st in dec.DEEP_CANDIDATES.get(128, ()):
+        out[f"deep{st}"] = {128: st}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json")
+    ap.add_argument("--repeats", type=int, default=50)
+    args = ap.parse_args()
+    cupyops.warmup(["attention"])
+    flush = L2Flusher()
+    bf16 = cupyops._dtypes.to_dtype("bfloat16")
+    F = torch.nn.functional
+    results = []
+    for B, Skv in SHAPES:
+        q = cp.random.standard_normal((B, 1, Hq, D), dtype=cp.float32).astype(bf16)
+        k = cp.random.standard_normal((B, Skv, Hkv, D), dtype=cp.float32).astype(bf16)
+        v = cp.random.standard_normal((B, Skv, Hkv, D), dtype=cp.float32).astype(bf16)
+        tq, tk, tv = (torch.from_dlpack(a).transpose(1, 2) for a in (q, k, v))
+        nbytes = q.nbytes * 2 + k.nbytes + v.nbytes
+        line = {"B": B, "Skv": Skv, "bytes": nbytes, "us": {}}
+        ref = None
+        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+            def call(backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
+            got = call()
+            if ref is None:
+                ref = cp.from_dlpack(got.transpose(1, 2).contiguous()).astype(cp.float32)
+            line["us"][name] = time_gpu(call, flush=flush, repeats=args.repeats).median_ms * 1e3
+        for name, deep in variants().items():
+            dec.DEEP_STAGES = deep
+            dec._PLANS.clear()
+            fn = lambda: cupyops.attention(q, k, v, impl="decode")  # noqa: E731
+            err = float(cp.abs(fn().astype(cp.float32) - ref).max())
+            if not np.isfinite(err) or err > 2e-2:
+                print(f"  {name}: WRONG (max error {err:.3g})", flush=True)
+                continue
+            line["us"][name] = time_gpu(fn, flush=flush, repeats=args.repeats).median_ms * 1e3
+        dec.DEEP_STAGES = {}
+        dec._PLANS.clear()
+        results.append(line)
+        print(f"B{B} Skv{Skv} ({nbytes / 1e6:.0f} MB)", flush=True)
+        for name, us in line["us"].items():
+            print(f"  {name:8s} {us:8.1f} us {nbytes / us / 1e3:6.0f} GB/s  vs cudnn "
+                  f"{line['us']['cudnn'] / us:.3f}x", flush=True)
+        del q, k, v, tq, tk, tv, ref
+        cp.get_default_memory_pool().free_all_blocks()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
