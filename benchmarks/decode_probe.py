@@ -1,12 +1,14 @@
 """Probe of the attention `decode` rung against SDPA (issue 4's decode shapes: bf16, q_len 1,
-Hq 32, Hkv 8, head_dim 128, batch 16 and 64, 4096 and 32768 keys): the ring depth of
-launches with at most one block an SM (``_attention_decode.DEEP_STAGES``), each variant
-checked against SDPA's cuDNN output and timed like the benchmark (CUDA events, L2 flushed
-by a read before each repeat, median), side by side with SDPA's cuDNN and flash backends.
+Hq 32, Hkv 8, head_dim 128, batch 16 and 64, 4096 and 32768 keys): each variant of the
+launch plan (``variants()``) is checked against SDPA's cuDNN output and timed like the
+benchmark (CUDA events, L2 flushed by a read before each repeat, median), side by side with
+SDPA's cuDNN and flash backends. (Session 5 probed a 4-6 stage K/V ring for launches of
+one block an SM here: slower than 3 stages everywhere; NOTES item 37.)
 
     python benchmarks/decode_probe.py [--json PATH] [--repeats N]
 """
 import argparse
+import contextlib
 import json
 
 import cupy as cp
@@ -23,10 +25,8 @@ Hq, Hkv, D = 32, 8, 128
 
 
 def variants():
-    out = {"default": {}}
-    for st in dec.DEEP_CANDIDATES.get(128, ()):
-        out[f"deep{st}"] = {128: st}
-    return out
+    """name -> context manager that changes the plan (module settings) for the variant"""
+    return {"default": contextlib.nullcontext}
 
 
 def main():
@@ -55,16 +55,15 @@ def main():
             if ref is None:
                 ref = cp.from_dlpack(got.transpose(1, 2).contiguous()).astype(cp.float32)
             line["us"][name] = time_gpu(call, flush=flush, repeats=args.repeats).median_ms * 1e3
-        for name, deep in variants().items():
-            dec.DEEP_STAGES = deep
+        for name, ctx in variants().items():
             dec._PLANS.clear()
-            fn = lambda: cupyops.attention(q, k, v, impl="decode")  # noqa: E731
-            err = float(cp.abs(fn().astype(cp.float32) - ref).max())
-            if not np.isfinite(err) or err > 2e-2:
-                print(f"  {name}: WRONG (max error {err:.3g})", flush=True)
-                continue
-            line["us"][name] = time_gpu(fn, flush=flush, repeats=args.repeats).median_ms * 1e3
-        dec.DEEP_STAGES = {}
+            with ctx():
+                fn = lambda: cupyops.attention(q, k, v, impl="decode")  # noqa: E731
+                err = float(cp.abs(fn().astype(cp.float32) - ref).max())
+                if not np.isfinite(err) or err > 2e-2:
+                    print(f"  {name}: WRONG (max error {err:.3g})", flush=True)
+                    continue
+                line["us"][name] = time_gpu(fn, flush=flush, repeats=args.repeats).median_ms * 1e3
         dec._PLANS.clear()
         results.append(line)
         print(f"B{B} Skv{Skv} ({nbytes / 1e6:.0f} MB)", flush=True)

@@ -73,7 +73,7 @@ def variants():
     v = {"current": (lambda *a: True, contextlib.nullcontext, "auto")}
     split = lambda op, dt, ax: op == "sum" and (ax is None or dt == "float32")  # noqa: E731
     v["segments"] = (split, lambda: patched(reduce, "FLAT_MAX_ROWS", 0), "auto")
-    for per_sm in (2, 3):
+    for per_sm in (2, 3, 4):
         v[f"flat/{per_sm}"] = (split, lambda b=per_sm: patched(reduce, "flat_plan", functools.partial(
             reduce.flat_plan, per_sm=b)), "auto")
     # the segment path's two finishes (the flat path is off for these)

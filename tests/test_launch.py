@@ -88,9 +88,10 @@ def test_flat_plan_stays_resident(R, n, sms):
 
 
 def test_flat_plan_of_a_whole_array():
-    assert reduce.flat_plan(1, 1 << 26, 132) == 4 * 132
+    assert reduce.flat_plan(1, 1 << 26, 132) == 3 * 132
     assert reduce.flat_plan(1, 65536, 132) == 8  # at least 8192 elements a block
     assert reduce.flat_plan(3, 200000, 132) == 25
+    assert reduce.flat_plan(2, 1 << 26, 132, per_sm=4) == 2 * 132
 
 
 def test_vector_group():

@@ -33,11 +33,6 @@ DT_TIERS = (64, 128, 256)  # head_dim tiers compiled (zero-padded up to the tier
 # block plus its query tile leaves room for 3 (DT 64), 2 (128) or 1 (256) blocks an SM,
 # each with STAGES - 1 tiles (32 to 128 KB) in flight.
 STAGES = {64: 4, 128: 3, 256: 3}
-# fp16/bf16 launches of at most one block an SM (B * Hkv * splits <= SMs: B 16 x Hkv 8) have
-# the SM's shared memory to themselves: a deeper ring there keeps more tiles in flight per
-# block. Candidates compiled for the probe (benchmarks/decode_probe.py); DEEP_STAGES picks.
-DEEP_CANDIDATES = {128: (4, 5, 6)}
-DEEP_STAGES = {}
 # float32: rows a block, per tier (CUDA-core accumulators: RT x DT / 32 floats a lane; 16 rows
 # x 8 columns would not fit the registers at DT 256)
 F32_ROW_TILES = {64: (4, 8, 16), 128: (4, 8, 16), 256: (4, 8)}
@@ -67,8 +62,8 @@ _MAX_GRID_X = 2**31 - 1
 _CUDA_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 
 
-def _name(dtype, dt, rt, stages=None):
-    return template_name("attention_decode", _CUDA_TYPES[dtype], dt, rt, stages or STAGES[dt])
+def _name(dtype, dt, rt):
+    return template_name("attention_decode", _CUDA_TYPES[dtype], dt, rt, STAGES[dt])
 
 
 def _merge_name(dtype):
@@ -81,8 +76,6 @@ def _expressions():
         for dt in DT_TIERS:
             for rt in (F32_ROW_TILES[dt] if dtype == "float32" else (MMA_ROW_TILE,)):
                 names.append(_name(dtype, dt, rt))
-            if dtype != "float32":
-                names += [_name(dtype, dt, MMA_ROW_TILE, st) for st in DEEP_CANDIDATES.get(dt, ())]
         names.append(_merge_name(dtype))
     return names
 
@@ -121,10 +114,10 @@ def min_blocks(dtype, dt, rt):
     return 2 if dt == 128 else 1
 
 
-def smem_bytes(dtype, dt, rt, stages=None):
-    """Dynamic shared memory of attention_decode<T, DT, RT, stages (default STAGES[DT])>."""
+def smem_bytes(dtype, dt, rt):
+    """Dynamic shared memory of attention_decode<T, DT, RT, STAGES[DT]>."""
     item = _dtypes.itemsize(dtype)
-    ring = (stages or STAGES[dt]) * 2 * tile_keys(dtype) * dt * item
+    ring = STAGES[dt] * 2 * tile_keys(dtype) * dt * item
     q = MMA_ROW_TILE * dt * item if dtype != "float32" else rt * dt * 4
     rows = MMA_ROW_TILE if dtype != "float32" else rt
     return ring + q + 8 * rows  # ring, query tile, the query rows' 64-bit offsets
@@ -201,7 +194,7 @@ class DecodePlan:
 
 
 def plan(dtype, B, Hq, Hkv, Sq, Skv, D, causal=False, causal_offset=0, sm_count=132,
-         smem_per_sm=SMEM_PER_SM, smem_optin=SMEM_OPTIN):
+         smem_per_sm=SMEM_PER_SM):
     """The launch of ``attention_decode`` (and its merge) for one problem: a plain function
     of numbers, so the CPU tier can check it."""
     if dtype not in DTYPES["decode"]:
@@ -223,11 +216,6 @@ def plan(dtype, B, Hq, Hkv, Sq, Skv, D, causal=False, causal_offset=0, sm_count=
     S = choose_splits(tiles, pairs, blocks_per_sm * sm_count, tile_bytes, inflight)
     chunk = _launch.cdiv(tiles, S) * bk if tiles else bk
     blocks = pairs * S
-    stages = STAGES[dt]
-    deep = DEEP_STAGES.get(dt) if dtype != "float32" else None
-    if deep and blocks <= sm_count and smem_bytes(dtype, dt, rt, deep) <= min(smem_optin, smem_per_sm - 1024):
-        stages = deep
-        smem = smem_bytes(dtype, dt, rt, stages)
     if blocks > _MAX_GRID_X:
         raise ValueError(f"attention decode: {blocks} blocks exceed the grid limit {_MAX_GRID_X}")
     nrows = B * Hq * Sq
@@ -235,8 +223,8 @@ def plan(dtype, B, Hq, Hkv, Sq, Skv, D, causal=False, causal_offset=0, sm_count=
     if merge_blocks > _MAX_GRID_X:
         raise ValueError(f"attention decode: {nrows} query rows exceed the merge grid limit")
     return DecodePlan(
-        name=_name(dtype, dt, rt, stages), merge_name=_merge_name(dtype), dt=dt, rt=rt, nrt=nrt,
-        stages=stages, bk=bk, kv=kv, splits=S, chunk=chunk, grid=(max(1, blocks), 1, 1),
+        name=_name(dtype, dt, rt), merge_name=_merge_name(dtype), dt=dt, rt=rt, nrt=nrt,
+        stages=STAGES[dt], bk=bk, kv=kv, splits=S, chunk=chunk, grid=(max(1, blocks), 1, 1),
         block=(THREADS, 1, 1), smem=smem, blocks_per_sm=blocks_per_sm,
         work_o=nrows * S * D if S > 1 else 0, work_lse=nrows * S if S > 1 else 0,
         merge_grid=(max(1, merge_blocks), 1, 1), merge_block=(THREADS, 1, 1),
@@ -277,8 +265,7 @@ def launch(impl, p):
         if len(_PLANS) > 4096:  # many distinct shapes: start over rather than grow
             _PLANS.clear()
         pl = _PLANS[key] = plan(p.dtype, p.B, p.Hq, p.Hkv, p.Sq, p.Skv, p.D, p.causal,
-                                p.causal_offset, props.sm_count, props.smem_per_sm,
-                                props.smem_per_block_optin)
+                                p.causal_offset, props.sm_count, props.smem_per_sm)
     fn = KERNELS.function(pl.name)
     _launch.request_smem(fn, pl.smem, props, "attention impl='decode'")
     args = p.args()

@@ -250,17 +250,20 @@ ONE_LAUNCH_SPLITS = 1024
 
 # The `vector` rung reduces at most this many rows that need splitting with
 # reduce_rows_flat (every block of a row strides through all of it; one resident wave of
-# FLAT_BLOCKS_PER_SM blocks an SM, at least FLAT_MIN_BLOCK_ELEMS elements a block), and
+# FLAT_WAVE_PER_SM blocks an SM, at least FLAT_MIN_BLOCK_ELEMS elements a block), and
 # more rows as segments (split_plan). Contiguous segments leave the end of the launch to
-# its slowest wave: the H100 measured whole-array sums 3-6 us slower than the row sums of
-# the same bytes (results/h100-full.md), the time of the second pass or the last wave.
+# their slowest wave and a second pass: the H100 measured whole-array sums 3-6 us slower
+# than the row sums of the same bytes (results/h100-full.md). Measured on an H100
+# (benchmarks/reduce_probe.py, two runs, NOTES item 36): the flat path +1.5-5 % over the
+# segments on every whole-array sum, and 3 blocks an SM at or above 4 on all 14 pairs.
 FLAT_MAX_ROWS = 64
 FLAT_THREADS = 256  # = FLAT_THREADS and FLAT_BLOCKS_PER_SM of kernels/reduce.cu
-FLAT_BLOCKS_PER_SM = 4
+FLAT_BLOCKS_PER_SM = 4  # the kernel's launch bounds: this many are always resident
+FLAT_WAVE_PER_SM = 3
 FLAT_MIN_BLOCK_ELEMS = 8192
 
 
-def flat_plan(R, n, sm_count, *, per_sm=FLAT_BLOCKS_PER_SM):
+def flat_plan(R, n, sm_count, *, per_sm=FLAT_WAVE_PER_SM):
     """Blocks a row for reduce_rows_flat: R rows together fill ``per_sm`` (at most the
     kernel's FLAT_BLOCKS_PER_SM, so that all are resident) blocks an SM."""
     return builtins.max(1, builtins.min((per_sm * sm_count) // R, _launch.cdiv(n, FLAT_MIN_BLOCK_ELEMS)))
