@@ -46,3 +46,21 @@ cupyops.matmul(a, w)
 for name, fn in {"cupyops.matmul 1x4096 @ 4096x4096": lambda: cupyops.matmul(a, w),
                  "cupy.matmul 1x4096 @ 4096x4096": lambda: cp.matmul(a, w)}.items():
     print(f"{name:32s} {per_call(fn, n=500):6.2f} us")
+
+# The pieces of a softmax call (what cupyops/ops/softmax.py and _rows do besides the launch)
+from cupyops import _arrays, _dtypes, _launch  # noqa: E402
+
+pieces = {
+    "cupy.cuda.runtime.getDevice()": cp.cuda.runtime.getDevice,
+    "x.flags.c_contiguous": lambda: x.flags.c_contiguous,
+    "x.data.ptr": lambda: x.data.ptr,
+    "_arrays.is_cupy(x)": lambda: _arrays.is_cupy(x),
+    "as_input + check_dtype": lambda: _arrays.check_dtype(_arrays.as_input(x, "x"), "x", _dtypes.FLOAT_TYPES),
+    "normalize_axis(-1, 2)": lambda: _arrays.normalize_axis(-1, 2),
+    "rows_aligned(4, 1024, x, y)": lambda: _launch.rows_aligned(4, 1024, x, y),
+    "_rows.plan (memoized)": lambda: _rows.plan(sm.KERNELS, "softmax", "auto", 1024, "float32", "online"),
+    "np.int32(1024)": lambda: np.int32(1024),
+}
+print("pieces of a softmax call:")
+for name, fn in pieces.items():
+    print(f"  {name:32s} {per_call(fn, n=20000):6.2f} us")

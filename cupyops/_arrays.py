@@ -226,6 +226,11 @@ def cupy_module():
     return _cupy()
 
 
+def current_device_or_none():
+    """The current CUDA device once CuPy is loaded (None before: nothing has run yet)."""
+    return None if _CUPY is None else _CUPY.cuda.runtime.getDevice()
+
+
 # ------------------------------------------------------------------ ticket counters
 _TICKETS = {}
 

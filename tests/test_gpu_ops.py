@@ -589,6 +589,31 @@ def test_views_and_misaligned_pointers_on_every_path(op, impl, dtype, mode):
             run_row_op(op, impl, dtype, rand(rng, shape, dtype), rng, mode)
 
 
+@pytest.mark.parametrize("dtype", ROW_DTYPES)
+def test_softmax_fast_path_repeats_and_rechecks_layout(dtype):
+    # the second call of a (shape, dtype, axis, impl) takes softmax's memoized fast path;
+    # it must give the same bits, a fresh output each call, and still notice an offset
+    # (misaligned) or non-contiguous input of the same shape and dtype
+    cp = _cupy()
+    from cupyops.ops import softmax as S
+
+    rng = np.random.default_rng()
+    values = rand(rng, (3, 1000), dtype)
+    x = cp.asarray(values)
+    first = cupyops.softmax(x)
+    assert any(k[1] == (3, 1000) and k[2] == x.dtype for k in S._FAST)
+    second = cupyops.softmax(x)
+    assert second.data.ptr != first.data.ptr
+    assert_same_bits(first, second)
+    assert_rows_match(second, reference.softmax(values), dtype)
+    for mode in ("offset", "strided"):
+        other = rand(rng, (3, 1000), dtype)
+        got = cupyops.softmax(place(other, mode))
+        assert_rows_match(got, reference.softmax(other), dtype, what=mode)
+    with pytest.raises(ValueError, match="axis"):
+        cupyops.softmax(x, axis=2)
+
+
 @pytest.mark.parametrize("op,impl,dtype", grid(["softmax"], ROW_DTYPES))
 def test_softmax_over_other_axes(op, impl, dtype):
     rng = np.random.default_rng()

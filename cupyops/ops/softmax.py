@@ -1,5 +1,7 @@
 """softmax over one axis (kernels/softmax.cu). The last axis is the fast path; another axis
 is moved last (one copy each way)."""
+import numpy as np
+
 from .. import _arrays, _dtypes, _launch
 from .._kernels import KernelFile, template_name
 from . import _rows
@@ -34,9 +36,25 @@ KERNELS = KernelFile("softmax.cu", _expressions())
 KERNEL_FILES = [KERNELS]
 
 
+# Steady-state fast path for the common call softmax(cupy_array) (last axis, no out=): a
+# (type, shape, dtype, axis, impl, device) that passed every check once maps to its row
+# plan, so a repeated call skips the argument checks and the plan lookup and pays for the
+# output allocation and the launch only (measured on the H100 host, benchmarks/
+# host_overhead.py: the checks and lookups cost more than the kernel launch itself).
+# Only C-contiguous inputs take it (the checked path copies the others).
+_FAST = {}
+
+
 def softmax(x, axis=-1, out=None, *, impl="auto"):
     """``exp(x - max) / sum(exp(x - max))`` along ``axis``; float32, float16, bfloat16 with
     float32 math. A row of all -inf gives NaN, as in NumPy."""
+    axis_arg = axis
+    if out is None and type(axis) is int and type(impl) is str:
+        key = (type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, impl,
+               _arrays.current_device_or_none())
+        fast = _FAST.get(key)
+        if fast is not None and x.flags.c_contiguous:
+            return fast(x)
     x = _arrays.as_input(x, "x")
     dt = _arrays.check_dtype(x, "x", _dtypes.FLOAT_TYPES)
     _arrays.check_ndim(x, "x", min_ndim=1)
@@ -51,12 +69,32 @@ def softmax(x, axis=-1, out=None, *, impl="auto"):
         xd = _arrays.to_device(x, call)
         if axis == x.ndim - 1:
             softmax_rows(impl, xd, y, dt)
+            if call is None and out is None and type(axis_arg) is int and len(_FAST) < 4096:
+                _FAST[(type(x), x.shape, x.dtype, axis_arg, impl, cp.cuda.runtime.getDevice())] = \
+                    _fast_call(impl, x.shape, x.dtype, dt)
         else:
             xt = cp.ascontiguousarray(cp.moveaxis(xd, axis, -1))
             yt = cp.empty_like(xt)
             softmax_rows(impl, xt, yt, dt)
             y[...] = cp.moveaxis(yt, -1, axis)
     return _arrays.finish(y, out, call)
+
+
+def _fast_call(impl, shape, dtype, dt):
+    """softmax of a C-contiguous CuPy array of this shape and dtype, checks already passed."""
+    cp = _arrays.cupy_module()
+    n = shape[-1]
+    rows = _launch.cdiv(int(np.prod(shape, dtype=np.int64)), n)
+    p = _rows.plan(KERNELS, "softmax", impl, n, dt, "online", simple_block=256 if impl == "naive" else 512)
+    tail = _rows.shape_args(rows, n)
+    vec = 16 // np.dtype(dtype).itemsize
+
+    def call(x):
+        y = cp.empty(shape, dtype)
+        p.launch(rows, (x, y, *tail), _launch.rows_aligned(vec, n, x, y))
+        return y
+
+    return call
 
 
 def softmax_rows(impl, xd, y, dt):
