@@ -29,10 +29,17 @@ class RowPlan:
         self.tail = tuple(np.int32(v) for v in tail)
         self.takes_aligned = takes_aligned
 
+    def grid(self, rows):
+        return (rows * self.cluster if self.cluster > 1 else _launch.cdiv(rows, self.rows_per_block),)
+
+    def scalar_args(self, rows, n, aligned):
+        """The kernel's arguments after (x, y[, weight, bias...]) when those are the op's
+        only arrays: (rows, n) and this plan's tail."""
+        return shape_args(rows, n) + (self.tail + (_ALIGNED[aligned],) if self.takes_aligned else self.tail)
+
     def launch(self, rows, args, aligned):
-        grid = rows * self.cluster if self.cluster > 1 else _launch.cdiv(rows, self.rows_per_block)
         tail = self.tail + (_ALIGNED[aligned],) if self.takes_aligned else self.tail
-        self.fn((grid,), (self.block,), args + tail, shared_mem=self.smem)
+        self.fn(self.grid(rows), (self.block,), args + tail, shared_mem=self.smem)
 
 
 _ALIGNED = (np.int32(0), np.int32(1))
