@@ -135,9 +135,10 @@ __device__ __forceinline__ i64 stream_vectors(const Tin* __restrict__ p, i64 i, 
 }
 
 // The last-block finish shared by the split kernels: every block of row r stores its
-// result in its slot of partial (r * S + its index in the row), fences, and draws a ticket from tickets[r]; the block
-// drawing the row's last ticket reduces the row's S partials in a fixed order (so the
-// result does not depend on which block came last) and resets the counter to zero.
+// result in its slot of partial (r * S + its index in the row), fences, and draws a
+// ticket from tickets[r]; the block drawing the row's last ticket reduces the row's S
+// partials in a fixed order (so the result does not depend on which block came last)
+// and resets the counter to zero.
 // Called by all threads of the block; `total` is valid in every thread.
 template <typename Op, typename A, typename Tout>
 __device__ __forceinline__ void finish_row(A total, i64 r, i64 slot, int S, A* __restrict__ partial,
@@ -201,9 +202,9 @@ __global__ void reduce_rows_vector(const Tin* __restrict__ x, Tout* __restrict__
 // A few long rows (axis=None is one row): blockIdx.y is the row, and the gridDim.x blocks
 // of a row stride through all of it together, FLAT_THREADS x gridDim.x threads apart, so
 // every block gets the same share of the row to within one vector. The launch is sized
-// to be resident at once (FLAT_BLOCKS_PER_SM blocks an SM, guaranteed by the launch
-// bounds): no second wave, no tail of slow segments, and the row is finished in this
-// launch by finish_row. Elements before the row's first 16-byte boundary and after its
+// to be resident at once (at most FLAT_BLOCKS_PER_SM blocks an SM, which the launch
+// bounds guarantee): no second wave, no tail of slow segments, and the row is finished
+// in this launch by finish_row. Elements before the row's first 16-byte boundary and after its
 // last one are reduced one by one, so any row start is vectorized.
 constexpr int FLAT_THREADS = 256;
 constexpr int FLAT_BLOCKS_PER_SM = 4;
