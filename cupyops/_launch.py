@@ -48,6 +48,22 @@ def device_props(device_id=None):
     return p
 
 
+# Entries a launch-plan cache holds before it starts over (a program of many distinct
+# shapes must not grow it without bound).
+MEMO_LIMIT = 4096
+
+
+def memo(cache, key, build):
+    """``cache[key]``, made by ``build()`` on a miss: the launch-plan caches of the
+    operators (a plan is a plain function of shapes, so it is computed once)."""
+    value = cache.get(key)
+    if value is None:
+        if len(cache) > MEMO_LIMIT:
+            cache.clear()
+        value = cache[key] = build()
+    return value
+
+
 def cdiv(a, b):
     return -(-a // b)
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import _arrays, _dtypes, _launch
 from .._kernels import KernelFile, template_name
+from ._attention_problem import MAX_HEAD_DIM
 
 VARIANTS = {
     "decode": "q_len 1..16 (decode): K/V streamed once per KV head through a cp.async ring, "
@@ -27,7 +28,6 @@ VARIANTS = {
 DTYPES = {"decode": ("float32", "float16", "bfloat16")}
 
 MAX_Q_LEN = 16
-MAX_HEAD_DIM = 256
 DT_TIERS = (64, 128, 256)  # head_dim tiers compiled (zero-padded up to the tier)
 # STAGES of the K/V ring per tier: 256 * DT bytes a stage; chosen so that the ring of one
 # block plus its query tile leaves room for 3 (DT 64), 2 (128) or 1 (256) blocks an SM,
@@ -55,19 +55,17 @@ HBM_BYTES_PER_US = 4.5e6
 BLOCK_BYTES_PER_US = 45e3
 MERGE_US = 5.0
 WAVE_US = 2.0
-SMEM_OPTIN = 227 * 1024  # H100/H200 per-block opt-in
 SMEM_PER_SM = 228 * 1024  # of which the driver reserves 1 KB a block
 _MAX_GRID_X = 2**31 - 1
 
-_CUDA_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 
 
 def _name(dtype, dt, rt):
-    return template_name("attention_decode", _CUDA_TYPES[dtype], dt, rt, STAGES[dt])
+    return template_name("attention_decode", _dtypes.cuda_type(dtype), dt, rt, STAGES[dt])
 
 
 def _merge_name(dtype):
-    return template_name("attention_decode_merge", _CUDA_TYPES[dtype])
+    return template_name("attention_decode_merge", _dtypes.cuda_type(dtype))
 
 
 def _expressions():
@@ -259,13 +257,9 @@ def launch(impl, p):
     if p.B == 0 or p.Hq == 0 or p.Sq == 0 or p.D == 0:
         return  # nothing to write
     props = _launch.device_props()
-    key = (p.shape_key(), props.sm_count)
-    pl = _PLANS.get(key)
-    if pl is None:
-        if len(_PLANS) > 4096:  # many distinct shapes: start over rather than grow
-            _PLANS.clear()
-        pl = _PLANS[key] = plan(p.dtype, p.B, p.Hq, p.Hkv, p.Sq, p.Skv, p.D, p.causal,
-                                p.causal_offset, props.sm_count, props.smem_per_sm)
+    pl = _launch.memo(_PLANS, (p.shape_key(), props.sm_count),
+                      lambda: plan(p.dtype, p.B, p.Hq, p.Hkv, p.Sq, p.Skv, p.D, p.causal,
+                                   p.causal_offset, props.sm_count, props.smem_per_sm))
     fn = KERNELS.function(pl.name)
     _launch.request_smem(fn, pl.smem, props, "attention impl='decode'")
     args = p.args()
@@ -275,7 +269,7 @@ def launch(impl, p):
         work_o = cp.empty(pl.work_o, dtype=np.float32)
         work_lse = cp.empty(pl.work_lse, dtype=np.float32)
     else:
-        work_o = work_lse = 0  # null: one split writes O and LSE itself
+        work_o = work_lse = _arrays.NULL_PTR  # one split writes O and LSE itself
     fn(pl.grid, pl.block, args + (work_o, work_lse, i32(pl.splits), i32(pl.chunk), i32(pl.nrt)),
        shared_mem=pl.smem)
     if pl.splits > 1:

@@ -10,7 +10,7 @@ K and V fragment), 64-key tiles, two blocks an SM. The configurations that need 
 registers than 255 (Q in registers at head_dim 128, 128-key tiles) are left out: the CPU
 tier fails on any spill.
 """
-from .. import _launch
+from .. import _dtypes, _launch
 from .._kernels import KernelFile, template_name
 
 VARIANTS = {
@@ -20,7 +20,6 @@ VARIANTS = {
 }
 DTYPES = {"flash": ("float16", "bfloat16")}
 
-_CUDA_TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
 # head_dim -> {config name: (MT, BC, SUB, WARPS, STAGES, QREG)}; the first entry is the
 # default. Spelled m<MT>c<BC>[x<SUB>]w<WARPS>s<STAGES>[q]: SUB keys of S live at a time
 # (when less than the tile), q: Q fragments held in registers for the whole KV sweep.
@@ -39,7 +38,7 @@ _MAX_GRID_YZ = 65535
 
 def _name(dtype, hd, cfg):
     mt, bc, sub, warps, stages, qreg = CONFIGS[hd][cfg]
-    return template_name("attention_flash", _CUDA_TYPES[dtype], hd, mt, bc, sub, warps, stages,
+    return template_name("attention_flash", _dtypes.cuda_type(dtype), hd, mt, bc, sub, warps, stages,
                          "true" if qreg else "false")
 
 
@@ -106,16 +105,11 @@ def launch(impl, p, config=None):
     if p.B == 0 or p.Hq == 0 or p.Sq == 0:
         return
     key = (p.shape_key(), config)
-    pl = _PLANS.get(key)
-    if pl is None:
+    if key not in _PLANS or not p.aligned16():  # plans are memoized on shapes; alignment is per call
         reason = supports(impl, p)
         if reason:
             raise ValueError(reason)
-        if len(_PLANS) > 4096:
-            _PLANS.clear()
-        pl = _PLANS[key] = plan(p, config)
-    elif not p.aligned16():  # plans are memoized on shapes; alignment is per call
-        raise ValueError(supports(impl, p))
+    pl = _launch.memo(_PLANS, key, lambda: plan(p, config))
     name, grid, block, smem = pl
     fn = KERNELS.function(name)
     _launch.request_smem(fn, smem, _launch.device_props(), "attention_flash")

@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import _arrays, _dtypes, _launch
 from .._kernels import KernelFile, template_name
+from ._attention_problem import MAX_HEAD_DIM
 
 VARIANTS = {
     "naive": "scores in a float32 B*Hq*Sq*Skv workspace, a block per row for a three-pass "
@@ -28,7 +29,6 @@ VARIANTS = {
 }
 DTYPES = {impl: _dtypes.FLOAT_TYPES for impl in VARIANTS}
 
-MAX_HEAD_DIM = 256
 NAIVE_THREADS = 256  # scores and P @ V: a thread per element
 NAIVE_ROW_THREADS = 128  # softmax: a block per row
 TILED_BQ, TILED_BK, TILED_THREADS = 16, 32, 256

@@ -217,13 +217,9 @@ def launch(impl, p, config=None):
     if p.M == 0 or p.N == 0 or p.batch == 0:
         return  # nothing to write
     props = _launch.device_props()
-    key = (impl, p.shape_key(), config, props.sm_count)
-    pl = _PLANS.get(key)
-    if pl is None:
-        if len(_PLANS) > 4096:  # many distinct shapes: start over rather than grow
-            _PLANS.clear()
-        pl = _PLANS[key] = (split_plan(impl, p, config, props.sm_count)
-                            or plan(impl, p, config, props.sm_count))
+    pl = _launch.memo(_PLANS, (impl, p.shape_key(), config, props.sm_count),
+                      lambda: (split_plan(impl, p, config, props.sm_count)
+                               or plan(impl, p, config, props.sm_count)))
     if isinstance(pl, SplitPlan):
         _launch_split(pl, p, props)
         return

@@ -223,12 +223,8 @@ def launch(impl, p, config=None):
     if p.M == 0 or p.N == 0 or p.batch == 0:
         return  # nothing to write
     props = _launch.device_props()
-    key = (p.shape_key(), config, props.sm_count)
-    pl = _PLANS.get(key)
-    if pl is None:
-        if len(_PLANS) > 4096:  # many distinct shapes: start over rather than grow
-            _PLANS.clear()
-        pl = _PLANS[key] = plan(p, config, props.sm_count)
+    pl = _launch.memo(_PLANS, (p.shape_key(), config, props.sm_count),
+                      lambda: plan(p, config, props.sm_count))
     fn = KERNELS.function(pl.name)
     _launch.request_smem(fn, pl.smem, props, "gemm_skinny")
     if pl.splits > 1:

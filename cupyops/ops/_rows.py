@@ -32,14 +32,25 @@ class RowPlan:
     def grid(self, rows):
         return (rows * self.cluster if self.cluster > 1 else _launch.cdiv(rows, self.rows_per_block),)
 
+    def _tail(self, aligned):
+        return self.tail + (_ALIGNED[aligned],) if self.takes_aligned else self.tail
+
     def scalar_args(self, rows, n, aligned):
         """The kernel's arguments after (x, y[, weight, bias...]) when those are the op's
         only arrays: (rows, n) and this plan's tail."""
-        return shape_args(rows, n) + (self.tail + (_ALIGNED[aligned],) if self.takes_aligned else self.tail)
+        return shape_args(rows, n) + self._tail(aligned)
 
     def launch(self, rows, args, aligned):
-        tail = self.tail + (_ALIGNED[aligned],) if self.takes_aligned else self.tail
-        self.fn(self.grid(rows), (self.block,), args + tail, shared_mem=self.smem)
+        launch(self.fn, self.grid(rows), (self.block,), args + self._tail(aligned), self.smem)
+
+
+def launch(fn, grid, block, args, smem):
+    """``fn(grid, block, args)``, passing CuPy's ``shared_mem=`` keyword only when it is
+    not 0: the keyword alone costs 0.5-1.9 us a call on the H100 hosts (NOTES item 38)."""
+    if smem:
+        fn(grid, block, args, shared_mem=smem)
+    else:
+        fn(grid, block, args)
 
 
 _ALIGNED = (np.int32(0), np.int32(1))
@@ -49,12 +60,7 @@ _shape_args = {}
 def shape_args(rows, n):
     """(np.int64(rows), np.int32(n)), memoized: making NumPy scalars costs about half a
     microsecond each, a visible share of a small call's host time."""
-    a = _shape_args.get((rows, n))
-    if a is None:
-        if len(_shape_args) > 4096:
-            _shape_args.clear()
-        a = _shape_args[(rows, n)] = (np.int64(rows), np.int32(n))
-    return a
+    return _launch.memo(_shape_args, (rows, n), lambda: (np.int64(rows), np.int32(n)))
 
 
 _plans = {}
@@ -64,10 +70,7 @@ def plan(kernels, op, impl, n, dt, fallback, simple_block=512):
     """The memoized RowPlan of ``op`` for rows of n elements of dtype ``dt``.
     ``fallback``: the rung that takes any row length, used when the asked rung can't."""
     key = (op, impl, n, dt, _arrays.cupy_module().cuda.runtime.getDevice())
-    p = _plans.get(key)
-    if p is None:
-        p = _plans[key] = _choose(kernels, op, impl, n, dt, fallback, simple_block)
-    return p
+    return _launch.memo(_plans, key, lambda: _choose(kernels, op, impl, n, dt, fallback, simple_block))
 
 
 def _choose(kernels, op, impl, n, dt, fallback, simple_block):

@@ -22,11 +22,10 @@ import numpy as np
 
 from .. import _arrays, _dtypes
 from . import _attention_decode, _attention_flash, _attention_simt
-from ._attention_problem import AttentionProblem
+from ._attention_problem import MAX_HEAD_DIM, AttentionProblem
 
 LAYOUTS = ("bshd", "bhsd")
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
-MAX_HEAD_DIM = 256
 DECODE_MAX_Q = 16  # auto: q_len up to this goes to "decode" when it is registered
 _F32_MAX = float(np.finfo(np.float32).max)
 

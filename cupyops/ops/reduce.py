@@ -54,23 +54,20 @@ _TRACE_KERNELS = {"naive": "trace_naive", "block": "trace_block", "unrolled": "t
 _TRACE_THREADS = {"naive": 1, "block": 256, "unrolled": 1024}
 
 
-def _pairs(op):
-    """Every (input, output) dtype pair a reduction kernel is instantiated for, including
-    the (accumulator -> output) pairs of a split reduction's second pass."""
-    if op == "max":
-        pairs = [(d, d) for d in _dtypes.REDUCE_TYPES]
-    else:
-        pairs = [(i, o) for i, outs in SUM_PAIRS.items() for o in outs]
-    acc = _OPS[op][1]
-    split = [(i, acc[o]) for i, o in pairs] + [(acc[o], o) for _, o in pairs]
-    return list(dict.fromkeys(pairs + split))
-
-
-def _pairs_of_flat(op):
-    """reduce_rows_flat finishes its rows itself: only the user-facing pairs."""
+def _user_pairs(op):
+    """The (input, output) dtype pairs a caller can ask ``op`` for."""
     if op == "max":
         return [(d, d) for d in _dtypes.REDUCE_TYPES]
     return [(i, o) for i, outs in SUM_PAIRS.items() for o in outs]
+
+
+def _pairs(op):
+    """Every (input, output) dtype pair a reduction kernel is instantiated for, including
+    the (accumulator -> output) pairs of a split reduction's second pass."""
+    pairs = _user_pairs(op)
+    acc = _OPS[op][1]
+    split = [(i, acc[o]) for i, o in pairs] + [(acc[o], o) for _, o in pairs]
+    return list(dict.fromkeys(pairs + split))
 
 
 def _name(kernel, op, din, dout):
@@ -83,7 +80,7 @@ def _expressions():
         for din, dout in _pairs(op):
             for k in (*_ROW_KERNELS.values(), "reduce_strided"):
                 names.append(_name(k, op, din, dout))
-        for din, dout in dict.fromkeys(_pairs_of_flat(op)):
+        for din, dout in _user_pairs(op):  # reduce_rows_flat finishes its rows itself
             names.append(_name("reduce_rows_flat", op, din, dout))
     for din in _dtypes.REDUCE_TYPES:
         for k in _TRACE_KERNELS.values():

@@ -46,14 +46,20 @@ KERNEL_FILES = [KERNELS]
 _FAST = {}
 
 
+def _fast_key(x, axis, impl):
+    """``_FAST``'s key of a call (x of any kind), or None when the call cannot take it."""
+    if type(axis) is not int or type(impl) is not str:
+        return None
+    return (type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, impl,
+            _arrays.current_device_or_none())
+
+
 def softmax(x, axis=-1, out=None, *, impl="auto"):
     """``exp(x - max) / sum(exp(x - max))`` along ``axis``; float32, float16, bfloat16 with
     float32 math. A row of all -inf gives NaN, as in NumPy."""
     axis_arg = axis
-    if out is None and type(axis) is int and type(impl) is str:
-        key = (type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, impl,
-               _arrays.current_device_or_none())
-        fast = _FAST.get(key)
+    if out is None:
+        fast = _FAST.get(_fast_key(x, axis, impl))
         if fast is not None:
             y = fast(x)
             if y is not None:
@@ -72,9 +78,10 @@ def softmax(x, axis=-1, out=None, *, impl="auto"):
         xd = _arrays.to_device(x, call)
         if axis == x.ndim - 1:
             softmax_rows(impl, xd, y, dt)
-            if call is None and out is None and type(axis_arg) is int and len(_FAST) < 4096:
-                _FAST[(type(x), x.shape, x.dtype, axis_arg, impl, cp.cuda.runtime.getDevice())] = \
-                    _fast_call(impl, x.shape, x.dtype, dt)
+            key = _fast_key(x, axis_arg, impl)  # CuPy is loaded now: the key holds the device
+            # only a C-contiguous CuPy input (xd is x) would take the fast path next time
+            if xd is x and out is None and key is not None and key not in _FAST and len(_FAST) < 4096:
+                _FAST[key] = _fast_call(impl, x.shape, x.dtype, dt)
         else:
             xt = cp.ascontiguousarray(cp.moveaxis(xd, axis, -1))
             yt = cp.empty_like(xt)
@@ -92,7 +99,7 @@ def _fast_call(impl, shape, dtype, dt):
     cp = _arrays.cupy_module()
     n = shape[-1]
     rows = _launch.cdiv(int(np.prod(shape, dtype=np.int64)), n)
-    p = _rows.plan(KERNELS, "softmax", impl, n, dt, "online", simple_block=256 if impl == "naive" else 512)
+    p = _plan(impl, n, dt)
     grid, block, fn, smem = p.grid(rows), (p.block,), p.fn, p.smem
     tails = p.scalar_args(rows, n, aligned=False), p.scalar_args(rows, n, aligned=n % (16 // dtype.itemsize) == 0)
     cstrides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize for i in range(len(shape)))
@@ -101,19 +108,19 @@ def _fast_call(impl, shape, dtype, dt):
         if x.strides != cstrides:
             return None
         y = cp.empty(shape, dtype)
-        args = (x, y) + tails[not (x.data.ptr | y.data.ptr) & 15]
-        if smem:
-            fn(grid, block, args, shared_mem=smem)
-        else:  # CuPy's keyword costs about half a microsecond a call on the H100 host
-            fn(grid, block, args)
+        _rows.launch(fn, grid, block, (x, y) + tails[not (x.data.ptr | y.data.ptr) & 15], smem)
         return y
 
     return call
+
+
+def _plan(impl, n, dt):
+    return _rows.plan(KERNELS, "softmax", impl, n, dt, "online", simple_block=256 if impl == "naive" else 512)
 
 
 def softmax_rows(impl, xd, y, dt):
     """Softmax of the rows of contiguous ``xd`` (last axis) into contiguous ``y``."""
     n = xd.shape[-1]
     rows = xd.size // n
-    p = _rows.plan(KERNELS, "softmax", impl, n, dt, "online", simple_block=256 if impl == "naive" else 512)
+    p = _plan(impl, n, dt)
     p.launch(rows, (xd, y, *_rows.shape_args(rows, n)), _launch.rows_aligned(16 // xd.itemsize, n, xd, y))
