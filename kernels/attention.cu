@@ -350,18 +350,6 @@ __device__ __forceinline__ void stage_tile(float* dst, int DS, const T* p, i64 r
     }
 }
 
-// Max / sum over the 16 lanes of a row group (a half warp).
-__device__ __forceinline__ float half_warp_max(float v) {
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float half_warp_sum(float v) {
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 template <typename T, int DT>
 __global__ void __launch_bounds__(FlashV1<DT>::THREADS, FlashV1<DT>::MIN_BLOCKS) attention_flash_v1(ATTN_PARAMS(T), int vec) {
     using C = FlashV1<DT>;
@@ -443,7 +431,7 @@ __global__ void __launch_bounds__(FlashV1<DT>::THREADS, FlashV1<DT>::MIN_BLOCKS)
                     if (j0 + kg + 16 * c >= lim[r]) s[r][c] = -CUOPS_INF;
                     tmax = fmaxf(tmax, s[r][c]);
                 }
-                const float mn = fmaxf(m[r], half_warp_max(tmax));
+                const float mn = fmaxf(m[r], warp_reduce<FMax>(tmax, 16));  // over the row's 16 lanes
                 const float mu = (mn == -CUOPS_INF) ? 0.f : mn;  // a row with nothing seen yet stays at 0
                 const float alpha = exp2f(m[r] - mu);           // 0 when m was -inf
                 m[r] = mn;
@@ -488,7 +476,7 @@ __global__ void __launch_bounds__(FlashV1<DT>::THREADS, FlashV1<DT>::MIN_BLOCKS)
         // O = acc / l; LSE = ln 2 * (max + log2 l)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-            const float lt = half_warp_sum(l[r]);
+            const float lt = warp_reduce<FSum>(l[r], 16);  // over the row's 16 lanes
             const int i = 4 * rg + r;
             if (i >= nq) continue;
             const float inv = lt > 0.f ? 1.f / lt : 0.f;
