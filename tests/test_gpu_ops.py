@@ -15,8 +15,8 @@ CuPy is imported inside the tests only, so the file collects (and skips, see con
 on machines without a GPU.
 """
 import math
-
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -854,3 +854,25 @@ def test_stream_semantics():
     assert_rows_match(from_host, reference.softmax(rows), "float32")
     assert_rows_match(got["layer_norm"], reference.layer_norm(rows)[0], "float32")
     assert_rows_match(got["rms_norm"], reference.rms_norm(rows), "float32")
+
+
+def test_benchmark_hold_sees_its_release_before_the_next_engage():
+    # cupyops-bench queues each batch of repeats behind a hold kernel and releases it; the
+    # next batch's hold is engaged microseconds later. The first hold must still see its
+    # own release (it polls every 2 us) instead of spinning to its 1 s timeout.
+    cp = _cupy()
+    from cupyops.bench import timing
+
+    hold = timing._Hold()
+    hold.engage()
+    after_first = cp.cuda.Event()
+    after_first.record()
+    hold.release()
+    hold.engage()  # immediately: the first hold has very likely not polled yet
+    t0 = time.perf_counter()
+    after_first.synchronize()
+    waited = time.perf_counter() - t0
+    hold.release()
+    cp.cuda.get_current_stream().synchronize()
+    assert not hold.timed_out()
+    assert waited < 0.5, f"the first hold waited {waited:.3f} s for a later release"

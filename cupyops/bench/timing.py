@@ -120,17 +120,20 @@ class _Hold:
 
         self._mem = cupy.cuda.alloc_pinned_memory(4)
         self._flag = np.frombuffer(self._mem, np.int32, 1)
+        self._flag[0] = 0
+        self._held = 0  # holds engaged so far; the flag says how many were released
         self._timed_out = cupy.zeros(1, cupy.int32)
         self._kernel = HOLD.function("hold_until_released")
 
     def engage(self):
         import numpy as np
 
-        self._flag[0] = 0
-        self._kernel((1,), (1,), (np.uint64(self._mem.ptr), np.int64(HOLD_TIMEOUT_NS), self._timed_out))
+        self._held += 1
+        self._kernel((1,), (1,), (np.uint64(self._mem.ptr), np.int32(self._held),
+                                  np.int64(HOLD_TIMEOUT_NS), self._timed_out))
 
     def release(self):
-        self._flag[0] = 1
+        self._flag[0] = self._held
 
     def timed_out(self):
         return bool(self._timed_out.get()[0])
