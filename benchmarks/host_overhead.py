@@ -2,27 +2,19 @@
 cupyops.softmax on a (1, 1024) float32 array, and a decode-shaped matmul (1 x 4096 @
 4096 x 4096, float16) against cupy.matmul (microseconds per call, steady state; the matmul
 calls also run ~15 us of GPU work each, so their host time is what a caller pays when the
-GPU is idle)."""
-import time
-
+GPU is idle). Each figure is the median of 5 rounds, as cupyops-bench measures it."""
 import cupy as cp
 import numpy as np
 
 import cupyops
+from cupyops.bench.timing import host_overhead_us
 from cupyops.ops import _rows
 from cupyops.ops import softmax as sm
 
 
 def per_call(fn, n=3000):
-    for _ in range(200):
-        fn()
-    cp.cuda.get_current_stream().synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = (time.perf_counter() - t) / n * 1e6
-    cp.cuda.get_current_stream().synchronize()
-    return dt
+    """Microseconds a call: the benchmark's measure (median of 5 rounds, collector paused)."""
+    return host_overhead_us(fn, calls=n, warmup=200)
 
 
 x = cp.random.standard_normal((1, 1024), dtype=cp.float32)

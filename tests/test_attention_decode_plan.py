@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from cupyops import _launch, _nvrtc
+from cupyops import _launch
 from cupyops.ops import _attention_decode as M
 
 DTYPES = M.DTYPES["decode"]
@@ -248,33 +248,7 @@ def test_split_merge_model_matches_softmax(Skv, Sq, causal, off, scale):
             np.testing.assert_allclose(o, ref_o, rtol=1e-10, atol=1e-12)
 
 
-# ---------------------------------------------------------------- compile (until attention is an op)
-def _attention_registered():
-    from cupyops.ops import kernel_files
-    return any(kf.filename == "attention_decode.cu" for kf in kernel_files())
-
-
-try:
-    _nvrtc.find_libnvrtc()
-    _nvrtc.find_cuda_include()
-    _NVRTC = True
-except _nvrtc.NvrtcUnavailable:  # pragma: no cover
-    _NVRTC = False
-
-
-@pytest.mark.skipif(not _NVRTC, reason="NVRTC unavailable")
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_compiles_without_spills(arch):
-    if _attention_registered():
-        pytest.skip("tests/test_compile.py compiles attention_decode.cu with every op's files")
-    res = _nvrtc.compile_file("attention_decode.cu", M.KERNELS.name_expressions, arch)
-    bad = {ne: res.resources_of(ne) for ne in M.KERNELS.name_expressions
-           if res.resources_of(ne).spill_stores or res.resources_of(ne).spill_loads
-           or res.resources_of(ne).stack_bytes}
-    assert not bad, bad
-    assert not [ln for ln in res.log.splitlines() if "warning" in ln.lower()]
-
-
+# ---------------------------------------------------------------- shared memory
 def test_supports_refuses_a_tier_whose_shared_memory_the_gpu_cannot_give(monkeypatch):
     # An A100-class opt-in (163 KB): the head_dim-256 ring (~205 KB) cannot launch there,
     # so supports() says so and auto falls back; 128 still fits. With no GPU visible the

@@ -13,10 +13,6 @@ from typing import NamedTuple
 import numpy as np
 
 OPS = ("trace", "sum", "max", "softmax", "layer_norm", "rms_norm", "matmul", "attention")
-# Ops that a cupyops build may not register yet: offered only when cupyops.variants()
-# knows them (the CLI drops them from the default selection, and names them in an error
-# when asked for by --op).
-OPTIONAL_OPS = ("attention",)
 _OP_ALIASES = {
     "amax": "max",
     "layernorm": "layer_norm",
@@ -76,7 +72,6 @@ TOLERANCE_KIND = {
     "attention": "attention",
 }
 # Used when reference.TOLERANCE has no "attention" table (yet) for the dtype.
-ATTENTION_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 2e-2}
 NORM_EPS = {"layer_norm": 1e-5, "rms_norm": 1e-6}
 
 # Reductions are benchmarked along the last axis; sum also over the whole array.
@@ -744,8 +739,6 @@ def tolerance(case, table):
     """Allowed rel_error from reference.TOLERANCE; integer results must be exact."""
     if case.dtype in ("int32", "int64", "int8"):
         return 0.0
-    if case.op == "attention":
-        return table.get("attention", {}).get(case.dtype, ATTENTION_TOLERANCE[case.dtype])
     tol = table[TOLERANCE_KIND[case.op]][case.dtype]
     if case.op == "matmul" and case.dtype == "float32":
         # K products summed in float32: the rounding error grows as sqrt(K) (cuBLAS too)

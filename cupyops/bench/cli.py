@@ -121,14 +121,10 @@ def log(msg):
 
 
 def load_variants(ops):
-    """{op: [impl names in ladder order]} from cupyops (no GPU needed). An optional op
-    (attention) that this cupyops does not register yet is left out of the dict."""
+    """{op: [impl names in ladder order]} from cupyops (no GPU needed)."""
     import cupyops
 
-    from ..ops import OPS as registered
-
-    return {op: list(cupyops.variants(op)) for op in ops
-            if op in registered or op not in cases.OPTIONAL_OPS}
+    return {op: list(cupyops.variants(op)) for op in ops}
 
 
 def make_plan(args, parser, variants_loader=None):
@@ -156,13 +152,6 @@ def make_plan(args, parser, variants_loader=None):
         variants = (variants_loader or load_variants)(ops)
     except Exception as exc:  # cupyops itself broken or incomplete
         parser.exit(2, f"cupyops-bench: cannot read cupyops.variants(): {exc}\n")
-    missing = [op for op in ops if op not in variants]
-    if missing and args.op:
-        parser.error(f"--op: {', '.join(missing)} is not registered in this cupyops "
-                     f"(cupyops.variants() does not know it yet)")
-    if missing:  # an optional op left out of the default selection
-        ops = tuple(op for op in ops if op in variants)
-        case_list = [c for c in case_list if c.op in variants]
     try:
         cases.check_impl_names(requested, variants, ops)
     except ValueError as exc:
@@ -296,10 +285,9 @@ def start_compiling(ops):
     returns a wait() that never raises: a file that fails to compile fails its own cases,
     where the error is reported per impl."""
     try:
-        import cupyops
         from cupyops._kernels import warmup_async
 
-        wait = warmup_async([op for op in ops if op in cupyops.OPS],
+        wait = warmup_async(list(ops),
                             on_compiled=lambda f, s: log(f"  compiled {f} in {s:.1f} s"))
     except Exception as exc:
         log(f"background compile not started ({type(exc).__name__}: {exc})")
