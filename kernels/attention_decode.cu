@@ -99,11 +99,25 @@ __device__ __forceinline__ bool vec_ok(const T* p, i64 sb, i64 ss, i64 sh, int D
            sh % V == 0 && D % V == 0;
 }
 
+// Row r of a KV head's rows is query head group member r / q_len at position r % q_len. In
+// plain decoding q_len is 1 and the divisions are skipped: they run once a launch, on its
+// critical path (each is a chain of ~20 dependent instructions).
+__device__ __forceinline__ int member_of(int row, int Sq) { return Sq == 1 ? row : row / Sq; }
+__device__ __forceinline__ int pos_of(int row, int Sq) { return Sq == 1 ? 0 : row % Sq; }
+
+// q / d and q % d for the block-index split; d is often 1 (one row tile, one split).
+__device__ __forceinline__ unsigned split_index(unsigned& q, unsigned d) {
+    if (d == 1) return 0;
+    const unsigned r = q % d;
+    q /= d;
+    return r;
+}
+
 // The keys row r (of the block's row tile) uses: [k0, row_end) with row_end <= k1; rows past
 // the group see nothing.
 __device__ __forceinline__ int row_end(int row, int R, int Sq, int Skv, int causal, int causal_offset, int k1) {
     if (row >= R) return 0;
-    return min(attn::visible_keys(row % Sq, Skv, causal, causal_offset), k1);
+    return min(attn::visible_keys(pos_of(row, Sq), Skv, causal, causal_offset), k1);
 }
 
 
@@ -217,7 +231,7 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
     static_assert(!C::MMA || RT == 16, "the mma path handles one 16-row tile");
     static_assert(CH >= 8, "the swizzle needs 8 chunks a row");
     static_assert((BK * CH) % THREADS == 0 && (BK * DT) % (THREADS * 4) == 0, "tile copies split evenly");
-    static_assert(NW * RTP * (DT + 2) * 4 <= RING, "the warp states fit in the ring");
+    static_assert((NW * RTP * (DT + 3)) * 4 <= RING, "the warp states and row weights fit in the ring");
     static_assert(STAGES >= 2, "a ring needs two stages");
 
     extern __shared__ __align__(128) unsigned char smem[];
@@ -228,12 +242,10 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int group = Hq / Hkv, R = group * Sq;
-    int bid = blockIdx.x;
-    const int rt = bid % NRT;
-    bid /= NRT;
-    const int s = bid % S;
-    bid /= S;
-    const int hk = bid % Hkv, b = bid / Hkv;
+    unsigned bid = blockIdx.x;
+    const int rt = (int)split_index(bid, (unsigned)NRT);
+    const int s = (int)split_index(bid, (unsigned)S);
+    const int hk = (int)split_index(bid, (unsigned)Hkv), b = (int)bid;
     const int r0 = rt * RT, nrows = min(RT, R - r0);
     const int k0 = s * chunk, k1 = min(Skv, k0 + chunk);
 
@@ -242,7 +254,7 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
     // with the query position i = row % q_len, so the tile's smallest and largest i decide.
     int ilo = 0, ihi = Sq - 1;
     if (nrows < Sq) {
-        const int i0 = r0 % Sq;
+        const int i0 = pos_of(r0, Sq);
         if (i0 + nrows <= Sq) ilo = i0, ihi = i0 + nrows - 1;
     }
     const int kend = max(k0, min(k1, attn::visible_keys(ihi, Skv, causal, causal_offset)));
@@ -263,32 +275,59 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
 #pragma unroll 1
     for (int t = 0; t < STAGES - 1; ++t) ring.issue(t);
 
-    // ---- the query tile (at most 16 x 256 elements), element by element. The rows' offsets
-    // come from a table (one division by q_len a row, not one an element), and every load of
-    // a thread is issued before the first store, so the block waits one memory latency for
-    // the tile (behind the ring's first tiles). The first iteration's barrier publishes it.
+    // ---- the query tile (at most 16 x 256 elements). Aligned Q (the usual case) moves in
+    // 16-byte chunks, a few a thread, each thread finding its rows' offsets itself: short
+    // code and no barrier, which matters here because this part runs once a launch, on
+    // its critical path (measured: 0.6-1.2 us a launch against element loads through a
+    // table of row offsets). Unaligned Q goes element by element through that table (one
+    // division by q_len a row, not one an element), every load of a thread issued before
+    // the first store. Either way the block waits one memory latency for the tile, behind
+    // the ring's first tiles; the first iteration's barrier publishes it.
     {
-        i64* qoff = reinterpret_cast<i64*>(qsm + QBYTES);  // [RTP]
-        if (tid < nrows) {
-            const int row = r0 + tid, g = row / Sq, i = row - g * Sq;
-            qoff[tid] = b * q_sb + i * q_ss + (i64)(hk * group + g) * q_sh;
-        }
-        __syncthreads();
-        constexpr int QN = RTP * DT / THREADS;
-        static_assert((RTP * DT) % THREADS == 0, "the query tile splits evenly");
-        float qv[QN];
+        const i64 qbase = b * q_sb + (i64)hk * group * q_sh;  // row r: + i * q_ss + g * q_sh
+        if (vec_ok(Q, q_sb, q_ss, q_sh, D)) {
+            constexpr int QV = 16 / (int)sizeof(T);  // elements a chunk
+            constexpr int QCH = DT / QV, QCHUNKS = RTP * QCH, QN = (QCHUNKS + THREADS - 1) / THREADS;
+            uint4 qv[QN];
 #pragma unroll
-        for (int u = 0; u < QN; ++u) {
-            const int idx = tid + u * THREADS, r = idx / DT, d = idx - r * DT;
-            qv[u] = r < nrows && d < D ? to_f32(Q[qoff[r] + d]) : 0.f;
-        }
+            for (int u = 0; u < QN; ++u) {
+                const int idx = tid + u * THREADS, r = idx / QCH, c = idx - r * QCH;
+                qv[u] = make_uint4(0u, 0u, 0u, 0u);
+                if (r < nrows && c * QV < D) {
+                    const int row = r0 + r;
+                    const i64 off = qbase + pos_of(row, Sq) * q_ss + (i64)member_of(row, Sq) * q_sh;
+                    qv[u] = *reinterpret_cast<const uint4*>(Q + off + c * QV);
+                }
+            }
 #pragma unroll
-        for (int u = 0; u < QN; ++u) {
-            const int idx = tid + u * THREADS, r = idx / DT, d = idx - r * DT;
-            if constexpr (C::MMA) {
-                *reinterpret_cast<T*>(qsm + swizzle16(r, d / VEC, ROWB) + (d % VEC) * sizeof(T)) = from_f32<T>(qv[u]);
-            } else {
-                reinterpret_cast<float*>(qsm)[r * DT + d] = qv[u];
+            for (int u = 0; u < QN; ++u) {
+                const int idx = tid + u * THREADS, r = idx / QCH, c = idx - r * QCH;
+                const int off = C::MMA ? (int)swizzle16(r, c, ROWB) : (r * DT + c * QV) * 4;
+                if (QCHUNKS % THREADS == 0 || idx < QCHUNKS) *reinterpret_cast<uint4*>(qsm + off) = qv[u];
+            }
+        } else {
+            i64* qoff = reinterpret_cast<i64*>(qsm + QBYTES);  // [RTP]
+            if (tid < nrows) {
+                const int row = r0 + tid;
+                qoff[tid] = qbase + pos_of(row, Sq) * q_ss + (i64)member_of(row, Sq) * q_sh;
+            }
+            __syncthreads();
+            constexpr int QN = RTP * DT / THREADS;
+            static_assert((RTP * DT) % THREADS == 0, "the query tile splits evenly");
+            float qv[QN];
+#pragma unroll
+            for (int u = 0; u < QN; ++u) {
+                const int idx = tid + u * THREADS, r = idx / DT, d = idx - r * DT;
+                qv[u] = r < nrows && d < D ? to_f32(Q[qoff[r] + d]) : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < QN; ++u) {
+                const int idx = tid + u * THREADS, r = idx / DT, d = idx - r * DT;
+                if constexpr (C::MMA) {
+                    *reinterpret_cast<T*>(qsm + swizzle16(r, d / VEC, ROWB) + (d % VEC) * sizeof(T)) = from_f32<T>(qv[u]);
+                } else {
+                    reinterpret_cast<float*>(qsm)[r * DT + d] = qv[u];
+                }
             }
         }
     }
@@ -405,11 +444,17 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
         float* m_s = o_s + NW * RTP * DT;             // [NW][16]
         float* l_s = m_s + NW * RTP;
         float* ow = o_s + warp * RTP * DT;
+        // Only real rows are stored: in plain decoding a block has group (4-8) of its 16
+        // rows, and these stores are on the launch's critical path.
+        if (g < nrows) {
 #pragma unroll
-        for (int n = 0; n < DT / 8; ++n) {
-            const int d = 8 * n + 2 * tq;
-            *reinterpret_cast<float2*>(ow + g * DT + d) = make_float2(acc[n][0], acc[n][1]);
-            *reinterpret_cast<float2*>(ow + (g + 8) * DT + d) = make_float2(acc[n][2], acc[n][3]);
+            for (int n = 0; n < DT / 8; ++n)
+                *reinterpret_cast<float2*>(ow + g * DT + 8 * n + 2 * tq) = make_float2(acc[n][0], acc[n][1]);
+        }
+        if (nrows > 8 && g + 8 < nrows) {
+#pragma unroll
+            for (int n = 0; n < DT / 8; ++n)
+                *reinterpret_cast<float2*>(ow + (g + 8) * DT + 8 * n + 2 * tq) = make_float2(acc[n][2], acc[n][3]);
         }
         if (tq == 0) {
             m_s[warp * RTP + g] = m[0];
@@ -522,6 +567,7 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
                 m_s[warp * RTP + r] = m[r];
                 l_s[warp * RTP + r] = lr;
             }
+            if (r >= nrows) continue;  // padding rows: never read
             if constexpr (EL == 2) {
                 *reinterpret_cast<float2*>(ow + r * DT + 2 * lane) = make_float2(acc[r][0], acc[r][1]);
             } else {
@@ -534,38 +580,51 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
     }
     __syncthreads();
 
-    // ---- combine the warps (fixed order) and write O / LSE, or this split's partial
+    // ---- combine the warps (fixed order) and write O / LSE, or this split's partial. One
+    // thread a row first turns the warps' maxima and sums into per-warp weights with 1 / L
+    // folded in (w = 2^(m_w - M) / L; 0 for a warp that saw no key, and for every warp when
+    // the row saw none: O = 0), so that each output element is a 4-term dot product.
     {
         const float* o_s = reinterpret_cast<const float*>(smem);
         const float* m_s = o_s + NW * RTP * DT;
         const float* l_s = m_s + NW * RTP;
+        float* w_s = const_cast<float*>(l_s) + NW * RTP;  // [RTP][NW]
         const i64 row0 = ((i64)b * Hkv + hk) * R + r0;  // LSE-order index of the tile's row 0
-        for (int idx = tid; idx < nrows * DT; idx += THREADS) {
-            const int r = idx / DT, d = idx - r * DT;
-            if (d >= D) continue;
+        if (tid < nrows) {
+            const int r = tid;
             float M = NEG_INF;
 #pragma unroll
             for (int w = 0; w < NW; ++w) M = fmaxf(M, m_s[w * RTP + r]);
-            float L = 0.f, o = 0.f;
-            if (M != NEG_INF) {
+            float wt[NW], L = 0.f;
 #pragma unroll
-                for (int w = 0; w < NW; ++w) {
-                    const float mw = m_s[w * RTP + r];
-                    const float wt = mw == NEG_INF ? 0.f : exp2f(mw - M);
-                    L += wt * l_s[w * RTP + r];
-                    o += wt * o_s[(w * RTP + r) * DT + d];
-                }
+            for (int w = 0; w < NW; ++w) {
+                const float mw = m_s[w * RTP + r];
+                wt[w] = M == NEG_INF || mw == NEG_INF ? 0.f : exp2f(mw - M);
+                L += wt[w] * l_s[w * RTP + r];
             }
             // L >= 1 whenever M is finite (the max key adds 2^0); L == 0: no key seen
-            const float on = L > 0.f ? o / L : 0.f;
+            const float inv = L > 0.f ? 1.f / L : 0.f;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) w_s[r * NW + w] = wt[w] * inv;
             const i64 row = row0 + r;
             if (S == 1) {
-                const int rr = r0 + r, g = rr / Sq, i = rr - g * Sq;
-                O[b * o_sb + i * o_ss + (i64)(hk * group + g) * o_sh + d] = from_f32<T>(on);
-                if (d == 0 && LSE != nullptr) LSE[row] = L > 0.f ? (M + log2f(L)) * attn::LN2 : NEG_INF;
+                if (LSE != nullptr) LSE[row] = L > 0.f ? (M + log2f(L)) * attn::LN2 : NEG_INF;
             } else {
-                work_o[(row * S + s) * D + d] = on;
-                if (d == 0) work_lse[row * S + s] = L > 0.f ? M + log2f(L) : NEG_INF;
+                work_lse[row * S + s] = L > 0.f ? M + log2f(L) : NEG_INF;
+            }
+        }
+        __syncthreads();
+        for (int idx = tid; idx < nrows * DT; idx += THREADS) {
+            const int r = idx / DT, d = idx - r * DT;
+            if (d >= D) continue;
+            float o = 0.f;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) o = fmaf(w_s[r * NW + w], o_s[(w * RTP + r) * DT + d], o);
+            if (S == 1) {
+                const int rr = r0 + r;
+                O[b * o_sb + pos_of(rr, Sq) * o_ss + (i64)(hk * group + member_of(rr, Sq)) * o_sh + d] = from_f32<T>(o);
+            } else {
+                work_o[((row0 + r) * S + s) * D + d] = o;
             }
         }
     }
