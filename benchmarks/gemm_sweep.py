@@ -19,7 +19,7 @@ from cupyops.ops import gemm as G
 
 CASES = {
     "pipelined": [("float32", (4096, 4096, 4096)), ("float32", (8192, 8192, 8192))],
-    "mma": [("float16", (4096, 4096, 4096)), ("float16", (8192, 8192, 8192)),
+    "mma": [("float16", (4096, 4096, 4096)), ("bfloat16", (4096, 4096, 4096)), ("float16", (8192, 8192, 8192)),
             ("bfloat16", (8192, 8192, 8192)), ("float16", (4096, 4096, 11008)),
             ("int8", (8192, 8192, 8192))],
     "skinny": [(d, s) for d in ("float16", "bfloat16") for s in

@@ -19,7 +19,7 @@
 //     16-byte cp.async copies (zero-filled past the keys a block needs and past head_dim),
 //     so the bytes in flight are bounded by shared memory, not registers: STAGES - 1 tiles
 //     of 2 * BK * DT * sizeof(T) bytes a block (48 KB at DT 64, 64 KB at 128, 128 KB at
-//     256), 64 to 144 KB an SM. The first tiles are issued before the query tile is read.
+//     256), 64 to 144 KB an SM. The query tile's loads go out just ahead of the first tiles.
 //     Unaligned K/V (pointer, a stride or head_dim not a multiple of 16 bytes: checked in
 //     the kernel, uniform per launch) take element loads into the same layout.
 //   - Rows of a tile are 16-byte chunks XOR-swizzled by (row & 7) (element (j, chunk c) at
@@ -270,64 +270,66 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
     const float sl2 = scale * attn::LOG2E;
     const float NEG_INF = -CUOPS_INF;
 
-    // The first STAGES - 1 tiles go out before anything else: the query tile's loads below
-    // then wait on memory together with them instead of ahead of them.
-#pragma unroll 1
-    for (int t = 0; t < STAGES - 1; ++t) ring.issue(t);
-
     // ---- the query tile (at most 16 x 256 elements). Aligned Q (the usual case) moves in
     // 16-byte chunks, a few a thread, each thread finding its rows' offsets itself: short
     // code and no barrier, which matters here because this part runs once a launch, on
     // its critical path (measured: 0.6-1.2 us a launch against element loads through a
-    // table of row offsets). Unaligned Q goes element by element through that table (one
-    // division by q_len a row, not one an element), every load of a thread issued before
-    // the first store. Either way the block waits one memory latency for the tile, behind
-    // the ring's first tiles; the first iteration's barrier publishes it.
-    {
-        const i64 qbase = b * q_sb + (i64)hk * group * q_sh;  // row r: + i * q_ss + g * q_sh
-        if (vec_ok(Q, q_sb, q_ss, q_sh, D)) {
-            constexpr int QV = 16 / (int)sizeof(T);  // elements a chunk
-            constexpr int QCH = DT / QV, QCHUNKS = RTP * QCH, QN = (QCHUNKS + THREADS - 1) / THREADS;
-            uint4 qv[QN];
+    // table of row offsets). Its loads go out first, the ring's first STAGES - 1 tiles
+    // right behind them, so the query (a few hundred bytes a block) does not queue behind
+    // 32-64 KB of K/V. Unaligned Q goes element by element through that table (one
+    // division by q_len a row, not one an element) after the ring's tiles, every load of a
+    // thread issued before the first store. The first iteration's barrier publishes the
+    // tile.
+    const i64 qbase = b * q_sb + (i64)hk * group * q_sh;  // row r: + i * q_ss + g * q_sh
+    const bool q_vec = vec_ok(Q, q_sb, q_ss, q_sh, D);
+    constexpr int QV = 16 / (int)sizeof(T);  // elements a chunk
+    constexpr int QCH = DT / QV, QCHUNKS = RTP * QCH, QN = (QCHUNKS + THREADS - 1) / THREADS;
+    uint4 qv[QN];
+    if (q_vec) {
 #pragma unroll
-            for (int u = 0; u < QN; ++u) {
-                const int idx = tid + u * THREADS, r = idx / QCH, c = idx - r * QCH;
-                qv[u] = make_uint4(0u, 0u, 0u, 0u);
-                if (r < nrows && c * QV < D) {
-                    const int row = r0 + r;
-                    const i64 off = qbase + pos_of(row, Sq) * q_ss + (i64)member_of(row, Sq) * q_sh;
-                    qv[u] = *reinterpret_cast<const uint4*>(Q + off + c * QV);
-                }
+        for (int u = 0; u < QN; ++u) {
+            const int idx = tid + u * THREADS, r = idx / QCH, c = idx - r * QCH;
+            qv[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (r < nrows && c * QV < D) {
+                const int row = r0 + r;
+                const i64 off = qbase + pos_of(row, Sq) * q_ss + (i64)member_of(row, Sq) * q_sh;
+                qv[u] = *reinterpret_cast<const uint4*>(Q + off + c * QV);
             }
+        }
+    }
+
+#pragma unroll 1
+    for (int t = 0; t < STAGES - 1; ++t) ring.issue(t);
+
+    if (q_vec) {
 #pragma unroll
-            for (int u = 0; u < QN; ++u) {
-                const int idx = tid + u * THREADS, r = idx / QCH, c = idx - r * QCH;
-                const int off = C::MMA ? (int)swizzle16(r, c, ROWB) : (r * DT + c * QV) * 4;
-                if (QCHUNKS % THREADS == 0 || idx < QCHUNKS) *reinterpret_cast<uint4*>(qsm + off) = qv[u];
-            }
-        } else {
-            i64* qoff = reinterpret_cast<i64*>(qsm + QBYTES);  // [RTP]
-            if (tid < nrows) {
-                const int row = r0 + tid;
-                qoff[tid] = qbase + pos_of(row, Sq) * q_ss + (i64)member_of(row, Sq) * q_sh;
-            }
-            __syncthreads();
-            constexpr int QN = RTP * DT / THREADS;
-            static_assert((RTP * DT) % THREADS == 0, "the query tile splits evenly");
-            float qv[QN];
+        for (int u = 0; u < QN; ++u) {
+            const int idx = tid + u * THREADS, r = idx / QCH, c = idx - r * QCH;
+            const int off = C::MMA ? (int)swizzle16(r, c, ROWB) : (r * DT + c * QV) * 4;
+            if (QCHUNKS % THREADS == 0 || idx < QCHUNKS) *reinterpret_cast<uint4*>(qsm + off) = qv[u];
+        }
+    } else {
+        i64* qoff = reinterpret_cast<i64*>(qsm + QBYTES);  // [RTP]
+        if (tid < nrows) {
+            const int row = r0 + tid;
+            qoff[tid] = qbase + pos_of(row, Sq) * q_ss + (i64)member_of(row, Sq) * q_sh;
+        }
+        __syncthreads();
+        constexpr int QE = RTP * DT / THREADS;
+        static_assert((RTP * DT) % THREADS == 0, "the query tile splits evenly");
+        float qe[QE];
 #pragma unroll
-            for (int u = 0; u < QN; ++u) {
-                const int idx = tid + u * THREADS, r = idx / DT, d = idx - r * DT;
-                qv[u] = r < nrows && d < D ? to_f32(Q[qoff[r] + d]) : 0.f;
-            }
+        for (int u = 0; u < QE; ++u) {
+            const int idx = tid + u * THREADS, r = idx / DT, d = idx - r * DT;
+            qe[u] = r < nrows && d < D ? to_f32(Q[qoff[r] + d]) : 0.f;
+        }
 #pragma unroll
-            for (int u = 0; u < QN; ++u) {
-                const int idx = tid + u * THREADS, r = idx / DT, d = idx - r * DT;
-                if constexpr (C::MMA) {
-                    *reinterpret_cast<T*>(qsm + swizzle16(r, d / VEC, ROWB) + (d % VEC) * sizeof(T)) = from_f32<T>(qv[u]);
-                } else {
-                    reinterpret_cast<float*>(qsm)[r * DT + d] = qv[u];
-                }
+        for (int u = 0; u < QE; ++u) {
+            const int idx = tid + u * THREADS, r = idx / DT, d = idx - r * DT;
+            if constexpr (C::MMA) {
+                *reinterpret_cast<T*>(qsm + swizzle16(r, d / VEC, ROWB) + (d % VEC) * sizeof(T)) = from_f32<T>(qe[u]);
+            } else {
+                reinterpret_cast<float*>(qsm)[r * DT + d] = qe[u];
             }
         }
     }

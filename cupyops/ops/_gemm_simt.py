@@ -8,20 +8,24 @@ the other rungs are float32 only.
 spelled ``<BM>x<BN>x<BK>s<STAGES>`` (block tile BM x BN, k slices BK deep, a ring of
 STAGES slices in shared memory):
 
-- ``128x128x16s3`` (the default for large problems): 256 threads with 8x8 outputs each,
-  <= 128 registers so two blocks share an SM (their barriers overlap), 50 KB of shared
-  memory a block (opt-in past 48 KB). 16-deep slices halve the per-slice bookkeeping
-  (copies, wait, barrier) per FFMA compared with 8: ~86 % of the loop's instructions are
-  FFMAs.
+- ``128x128x32s2`` (the default for large problems): 256 threads with 8x8 outputs each,
+  <= 128 registers so two blocks share an SM (their barriers overlap), k slices 32 deep in
+  a ring of two (68 KB of shared memory a block, opt-in past 48 KB): one barrier, wait and
+  set of copies per 32 k-steps. Measured on an H100 (benchmarks/gemm_sweep.py, two runs):
+  0.6-1.1 % faster than ``128x128x16s3``; three 32-deep stages (101 KB a block, 0.8-1.3 %
+  slower: two such blocks leave the L1 20 KB) and two 16-deep ones (3 % slower) were not.
+- ``128x128x16s3``: 16-deep slices in a ring of three (50 KB), the default until
+  session 6; 16-deep slices halved the per-slice bookkeeping (copies, wait, barrier) per
+  FFMA compared with 8: ~86 % of the loop's instructions are FFMAs.
 - ``128x128x8s3``: the same with the classic 8-deep slices (25 KB): the check on the
-  BK = 16 choice (~82 % FFMAs).
+  deeper slices (~82 % FFMAs).
 - ``128x256x16s3``: 256 threads with 8x16 outputs each (~230 registers, one block an SM,
   74 KB): 6 LDS.128 per 128 FFMAs instead of 4 per 64, ~90 % FFMAs, but a barrier stalls
   the SM's only block.
 - ``64x64x8s4``: 128 threads with 8x4 outputs each, 17 KB: four times the blocks of
   128x128, for problems whose 128x128 tiles would leave SMs idle.
 
-``None`` picks by shape: 128x128x16s3 when the stack has at least one 128x128 tile per SM,
+``None`` picks by shape: 128x128x32s2 when the stack has at least one 128x128 tile per SM,
 else 64x64x8s4.
 """
 from .. import _dtypes, _launch
@@ -45,13 +49,14 @@ DTYPES = {
 
 # config name -> (BM, BN, BK, STAGES, TM, TN): block tile, k slice, ring depth, thread tile
 _PIPELINED = {
+    "128x128x32s2": (128, 128, 32, 2, 8, 8),
     "128x128x16s3": (128, 128, 16, 3, 8, 8),
     "128x128x8s3": (128, 128, 8, 3, 8, 8),
     "128x256x16s3": (128, 256, 16, 3, 8, 16),
     "64x64x8s4": (64, 64, 8, 4, 8, 4),
 }
 CONFIGS = {"naive": (), "tiled": (), "regblock": (), "pipelined": tuple(_PIPELINED)}
-DEFAULT_CONFIG = "128x128x16s3"
+DEFAULT_CONFIG = "128x128x32s2"
 SMALL_CONFIG = "64x64x8s4"
 
 _MAX_GRID_X = 2**31 - 1
