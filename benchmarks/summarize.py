@@ -111,8 +111,11 @@ def gemm_table(by_case):
         cell_rung = cell_tf = cell_ratio = cell_tgt = ""
         if tgt and rung and rung["status"] == "ok":
             cell_rung, cell_tf = tgt[0], f"{rung['tflops']:.1f}"
-            cell_ratio = ratio(rung, cup)
-            ok = cell_ratio != "-" and float(cell_ratio[:-1]) >= tgt[1]
+            # judged unrounded (0.9487 is under 0.95), shown to 3 places within 0.005 of it
+            exact = cup["ms"] / rung["ms"] if cup and cup["status"] == "ok" else None
+            ok = exact is not None and exact >= tgt[1]
+            near = exact is not None and abs(exact - tgt[1]) < 0.005
+            cell_ratio = "-" if exact is None else (f"{exact:.3f}x" if near else f"{exact:.2f}x")
             cell_tgt = f"{tgt[1]:.2f}" + ("" if ok else " **miss**")
             if not ok:
                 misses.append(f"matmul {tgt[0]} {dt} {shape}")
@@ -144,7 +147,10 @@ def _ratio(r, b):
 
 
 def _x(v):
-    return "-" if v is None else f"{v:.2f}x"
+    """A ratio, to 3 places within half a percent of 1 (where the targets sit)."""
+    if v is None:
+        return "-"
+    return f"{v:.3f}x" if 0.995 <= v < 1.005 else f"{v:.2f}x"
 
 
 def _num(r, key, fmt):
