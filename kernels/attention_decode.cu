@@ -51,7 +51,8 @@
 //     BK = 64 (fp16/bf16: 16 keys a warp) or 32 (float32: 8 keys a warp): 2 * BK * DT *
 //     sizeof(T) = 256 * DT bytes a stage either way.
 //     dynamic shared memory = STAGES * 256 * DT (the K/V ring; reused at the end for the
-//     warps' states, NW * RTP * (DT + 2) floats, RTP = 16 (mma) or RT) + the query tile
+//     warps' states and the rows' warp weights, NW * RTP * (DT + 3) floats, RTP = 16 (mma)
+//     or RT) + the query tile
 //     (fp16/bf16: 16 x DT elements of T, swizzled; float32: RT x DT floats) + RTP 64-bit
 //     offsets of its rows in Q. STAGES: 4 (DT 64), 3 (128, 256): 3, 2, 1 blocks an SM
 //     (decode::MinBlocks; float32 16-row tiles at DT 64: 2).
@@ -590,7 +591,7 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
         const float* o_s = reinterpret_cast<const float*>(smem);
         const float* m_s = o_s + NW * RTP * DT;
         const float* l_s = m_s + NW * RTP;
-        float* w_s = const_cast<float*>(l_s) + NW * RTP;  // [RTP][NW]
+        float* w_s = reinterpret_cast<float*>(smem) + NW * RTP * (DT + 2);  // [RTP][NW], after l_s
         const i64 row0 = ((i64)b * Hkv + hk) * R + r0;  // LSE-order index of the tile's row 0
         if (tid < nrows) {
             const int r = tid;

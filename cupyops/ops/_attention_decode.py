@@ -122,9 +122,10 @@ def smem_bytes(dtype, dt, rt):
 
 
 def state_bytes(dtype, dt, rt):
-    """Shared memory the warps' states take at the end (they reuse the ring)."""
+    """Shared memory the warps' states (output, max, sum) and the rows' warp weights take
+    at the end (they reuse the ring)."""
     rtp = MMA_ROW_TILE if dtype != "float32" else rt
-    return NW * rtp * (dt + 2) * 4
+    return NW * rtp * (dt + 3) * 4
 
 
 def visible_keys(i, Skv, causal, causal_offset):
