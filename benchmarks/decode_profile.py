@@ -5,14 +5,15 @@ range, for Nsight Compute (issue 4: the decode gap to cuDNN at short KV lengths)
         --section LaunchStats --section Occupancy python3 benchmarks/decode_profile.py [B] [Skv]
 
 bf16, q_len 1, Hq 32, Hkv 8, head_dim 128 (the issue's decode shapes); defaults B 16,
-Skv 4096. Without ncu it prints the kernels' event times instead."""
+Skv 4096. It prints the event times of the three calls (timing.time_then_profile), then
+runs each once inside the profiler range."""
 import sys
 
 import cupy as cp
 import torch
 
 import cupyops
-from cupyops.bench.timing import L2Flusher, time_gpu
+from cupyops.bench.timing import L2Flusher, time_then_profile
 
 B = int(sys.argv[1]) if len(sys.argv) > 1 else 16
 Skv = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
@@ -30,20 +31,5 @@ for name, backend in (("sdpa cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa flash",
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
     calls[name] = call
-for fn in calls.values():  # compile, pick algorithms, warm up
-    fn()
-    fn()
-torch.cuda.synchronize()
-flush = L2Flusher()
-for rnd in range(2):  # the first round brings the clocks up from idle; the second is reported
-    for name, fn in calls.items():
-        us = time_gpu(fn, flush=flush).median_ms * 1e3
-        if rnd:
-            print(f"{name:16s} {us:8.1f} us (events)", flush=True)
-cp.cuda.runtime.deviceSynchronize()
-cp.cuda.profiler.start()
-for fn in calls.values():
-    flush()
-    fn()
-cp.cuda.runtime.deviceSynchronize()
-cp.cuda.profiler.stop()
+for name, ms in time_then_profile(calls, flush=L2Flusher()).items():
+    print(f"{name:16s} {ms * 1e3:8.1f} us (events)", flush=True)

@@ -242,17 +242,25 @@ def test_strided_and_reversed_operands_are_copied_not_misread():
     check(got, reference.matmul(a[:, ::2], b[::-1]), "float32", 50, "strided/reversed")
 
 
+def assert_repeats_bitwise(call, raw):
+    """call() twice with the memory pool disturbed in between must give the same bits (no
+    float atomics; the partials added in a fixed order). Returns the first result."""
+    cp = _cp()
+    first = call()
+    cp.empty(7 * 1024 * 1024, np.uint8).fill(255)
+    again = call()
+    assert np.array_equal(first.get().view(raw), again.get().view(raw))
+    return first
+
+
 def test_skinny_split_k_is_bitwise_deterministic():
     cp = _cp()
     rng = np.random.default_rng()
     for dtype in ("float32", "bfloat16"):
         a = cp.asarray(rand(rng, (4, 8192), dtype))
         b = cp.asarray(rand(rng, (8192, 2048), dtype))
-        first = cupyops.matmul(a, b, impl="skinny")
-        cp.empty(7 * 1024 * 1024, np.uint8).fill(255)
-        again = cupyops.matmul(a, b, impl="skinny")
-        raw = np.uint32 if dtype == "float32" else np.uint16
-        assert np.array_equal(first.get().view(raw), again.get().view(raw))
+        assert_repeats_bitwise(lambda: cupyops.matmul(a, b, impl="skinny"),
+                               np.uint32 if dtype == "float32" else np.uint16)
 
 
 def test_mma_split_k_is_bitwise_deterministic():
@@ -266,10 +274,7 @@ def test_mma_split_k_is_bitwise_deterministic():
         (p,) = G._problems(dtype, False, False, 4, 2048, 8192, a, b, None, cp.empty((4, 2048), a.dtype),
                            (), 1, 0, cp)
         assert G._gemm_mma.split_plan("mma", p) is not None
-        first = cupyops.matmul(a, b, impl="mma")
-        cp.empty(7 * 1024 * 1024, np.uint8).fill(255)
-        again = cupyops.matmul(a, b, impl="mma")
-        assert np.array_equal(first.get().view(np.uint16), again.get().view(np.uint16))
+        first = assert_repeats_bitwise(lambda: cupyops.matmul(a, b, impl="mma"), np.uint16)
         check(first, reference.matmul(a.get(), b.get()), dtype, 8192, f"mma split-K {dtype}")
 
 

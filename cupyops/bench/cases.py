@@ -71,7 +71,6 @@ TOLERANCE_KIND = {
     "softmax": "norm", "layer_norm": "norm", "rms_norm": "norm", "matmul": "gemm",
     "attention": "attention",
 }
-# Used when reference.TOLERANCE has no "attention" table (yet) for the dtype.
 NORM_EPS = {"layer_norm": 1e-5, "rms_norm": 1e-6}
 
 # Reductions are benchmarked along the last axis; sum also over the whole array.

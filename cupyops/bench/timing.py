@@ -192,3 +192,26 @@ def host_overhead_us(fn, *, calls=2000, warmup=50, rounds=5):
         if enabled:
             gc.enable()
     return statistics.median(samples)
+
+
+def time_then_profile(calls, *, flush, repeats=50):
+    """For the Nsight Compute scripts (benchmarks/*_profile.py): warm up every call in
+    ``calls`` (name -> no-argument callable), time each twice and keep the second round (the
+    first brings the clocks up from an idle GPU: NOTES item 42), then run each once more,
+    after a flush, inside a cudaProfilerStart/Stop range (``ncu --profile-from-start off``
+    profiles only those). Returns {name: median ms} of the second round."""
+    import cupy
+
+    for fn in calls.values():  # compile, pick algorithms
+        fn()
+        fn()
+    cupy.cuda.runtime.deviceSynchronize()
+    for _ in range(2):
+        ms = {name: time_gpu(fn, flush=flush, repeats=repeats).median_ms for name, fn in calls.items()}
+    cupy.cuda.profiler.start()
+    for fn in calls.values():
+        flush()
+        fn()
+    cupy.cuda.runtime.deviceSynchronize()
+    cupy.cuda.profiler.stop()
+    return ms

@@ -32,7 +32,7 @@ import dataclasses
 
 import numpy as np
 
-from .. import _arrays, _launch
+from .. import _arrays, _dtypes, _launch
 from .._kernels import SPLIT_COMPILE, KernelFile, template_name
 from ._gemm_problem import LAYOUTS, check_rung
 
@@ -48,7 +48,6 @@ DTYPES = {
     "mma": ("float16", "bfloat16", "int8"),
 }
 
-_CUDA_TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "int8": "signed char"}
 
 # config name -> (BM, BN, WM, WN, STAGES, MIN_BLOCKS): block tile, warp tile, ring depth,
 # blocks per SM the registers are budgeted for (__launch_bounds__); per dtype family
@@ -103,10 +102,10 @@ def pick_config(p, sm_count):
 
 def _name(impl, dtype, ta, tb, cfg=None):
     if impl == "wmma":
-        return template_name("gemm_wmma", _CUDA_TYPES[dtype], ta, tb)
+        return template_name("gemm_wmma", _dtypes.cuda_type(dtype), ta, tb)
     if dtype == "int8":
         return template_name("gemm_mma_s8", ta, tb, *mma_params(cfg, dtype))
-    return template_name("gemm_mma", _CUDA_TYPES[dtype], ta, tb, *mma_params(cfg, dtype))
+    return template_name("gemm_mma", _dtypes.cuda_type(dtype), ta, tb, *mma_params(cfg, dtype))
 
 
 SPLIT_CONFIG = "64x128"  # the tile split-K runs (the small-M one)
@@ -121,11 +120,11 @@ SPLIT_BLOCKS_PER_SM = 2
 
 
 def _split_name(dtype, ta, tb):
-    return template_name("gemm_mma_splitk", _CUDA_TYPES[dtype], ta, tb, *mma_params(SPLIT_CONFIG, dtype))
+    return template_name("gemm_mma_splitk", _dtypes.cuda_type(dtype), ta, tb, *mma_params(SPLIT_CONFIG, dtype))
 
 
 def _reduce_name(dtype):
-    return template_name("gemm_splitk_reduce", _CUDA_TYPES[dtype])
+    return template_name("gemm_splitk_reduce", _dtypes.cuda_type(dtype))
 
 
 def _expressions():

@@ -32,7 +32,7 @@ import dataclasses
 
 import numpy as np
 
-from .. import _arrays, _launch
+from .. import _arrays, _dtypes, _launch
 from .._kernels import SPLIT_COMPILE, KernelFile, template_name
 from ._gemm_problem import LAYOUTS
 
@@ -43,7 +43,6 @@ VARIANTS = {
 DTYPES = {"skinny": ("float32", "float16", "bfloat16", "int8")}
 MAX_M = 64
 
-_CUDA_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "int8": "signed char"}
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 # Rows per block instantiated per dtype (mma types: tiles of 8 rows).
 MT_SIZES = {"float32": (1, 2, 4, 8, 16), "float16": (8, 16), "bfloat16": (8, 16), "int8": (8, 16)}
@@ -81,7 +80,7 @@ def _expressions():
 
 
 def _name(dtype, ta, tb, mt):
-    return template_name("gemm_skinny", _CUDA_TYPES[dtype], ta, tb, mt)
+    return template_name("gemm_skinny", _dtypes.cuda_type(dtype), ta, tb, mt)
 
 
 KERNELS = KernelFile("gemm_skinny.cu", _expressions(), options=SPLIT_COMPILE)
