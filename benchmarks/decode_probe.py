@@ -5,10 +5,11 @@ benchmark (CUDA events, L2 flushed by a read before each repeat, median), side b
 SDPA's cuDNN and flash backends. (Session 5 probed a 4-6 stage K/V ring for launches of
 one block an SM here: slower than 3 stages everywhere; NOTES item 37.)
 
-    python benchmarks/decode_probe.py [--json PATH] [--repeats N]
+    python benchmarks/decode_probe.py [--json PATH] [--repeats N] [--splits 2,4]
 """
 import argparse
 import contextlib
+import dataclasses
 import json
 
 import cupy as cp
@@ -24,15 +25,48 @@ SHAPES = [(16, 4096), (64, 4096), (16, 32768), (64, 32768)]  # (B, Skv)
 Hq, Hkv, D = 32, 8, 128
 
 
-def variants():
-    """name -> context manager that changes the plan (module settings) for the variant"""
-    return {"default": contextlib.nullcontext}
+def variants(forced_splits=()):
+    """name -> context manager that changes the plan (module settings) for the variant:
+    the default plan, the plan with every block's shared memory as sized, and each S of
+    ``forced_splits`` in place of choose_splits' choice."""
+    out = {"default": contextlib.nullcontext, "as_sized": _as_sized}
+    for S in forced_splits:
+        out[f"S{S}"] = lambda S=S: _forced_splits(S)
+    return out
+
+
+@contextlib.contextmanager
+def _as_sized():
+    """Each launch asks for the shared memory its kernel uses, so as many blocks an SM are
+    resident as fit (two at head_dim 128): the plan before B64 went to one an SM (NOTES 43)."""
+    planned = dec.plan
+
+    def as_sized(*a, **k):
+        pl = planned(*a, **k)
+        return dataclasses.replace(pl, launch_smem=pl.smem)
+
+    dec.plan = as_sized
+    try:
+        yield
+    finally:
+        dec.plan = planned
+
+
+@contextlib.contextmanager
+def _forced_splits(S):
+    chosen = dec.choose_splits
+    dec.choose_splits = lambda tiles, *a, **k: min(S, tiles)
+    try:
+        yield
+    finally:
+        dec.choose_splits = chosen
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--splits", default="", help="comma-separated S to force as extra variants, e.g. 2,4")
     args = ap.parse_args()
     cupyops.warmup(["attention"])
     flush = L2Flusher()
@@ -55,7 +89,7 @@ def main():
             if ref is None:
                 ref = cp.from_dlpack(got.transpose(1, 2).contiguous()).astype(cp.float32)
             line["us"][name] = time_gpu(call, flush=flush, repeats=args.repeats).median_ms * 1e3
-        for name, ctx in variants().items():
+        for name, ctx in variants([int(v) for v in args.splits.split(",") if v]).items():
             dec._PLANS.clear()
             with ctx():
                 fn = lambda: cupyops.attention(q, k, v, impl="decode")  # noqa: E731

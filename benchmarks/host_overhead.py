@@ -8,6 +8,7 @@ import numpy as np
 
 import cupyops
 from cupyops.bench.timing import host_overhead_us
+from cupyops import _launch
 from cupyops.ops import _rows
 from cupyops.ops import softmax as sm
 
@@ -22,13 +23,23 @@ y = cp.empty_like(x)
 cupyops.softmax(x)
 plan = _rows.plan(sm.KERNELS, "softmax", "auto", 1024, "float32", "online")
 args = (x, y, np.int64(1), np.int32(1024), *plan.tail, np.int32(1))
+direct = _launch.DirectLaunch(plan.fn, (1,), (plan.block,), plan.smem, 2, args[2:])
 rows = {
     "cp.empty((1, 1024))": lambda: cp.empty((1, 1024), cp.float32),
+    "cp.ndarray((1, 1024), float32)": lambda: cp.ndarray((1, 1024), cp.float32),
     "bare RawKernel launch": lambda: plan.fn((1,), (plan.block,), args, shared_mem=plan.smem),
+    "DirectLaunch (packed once)": lambda: direct(x.data.ptr, y.data.ptr),
     "softmax_rows (plan + launch)": lambda: sm.softmax_rows("auto", x, y, "float32"),
     "cupyops.softmax(x, out=y)": lambda: cupyops.softmax(x, out=y),
     "cupyops.softmax(x)": lambda: cupyops.softmax(x),
 }
+try:
+    import torch
+
+    xt = torch.randn((1, 1024), device="cuda")
+    rows["torch.softmax(x, -1)"] = lambda: torch.softmax(xt, -1)
+except ImportError:
+    pass
 for name, fn in rows.items():
     print(f"{name:32s} {per_call(fn):6.2f} us")
 
@@ -54,7 +65,7 @@ for name, fn in {"cupyops.matmul 1x4096 @ 4096x4096": lambda: cupyops.matmul(a, 
     print(f"{name:32s} {per_call(fn, n=500):6.2f} us")
 
 # The pieces of a softmax call (what cupyops/ops/softmax.py and _rows do besides the launch)
-from cupyops import _arrays, _dtypes, _launch  # noqa: E402
+from cupyops import _arrays, _dtypes  # noqa: E402
 
 pieces = {
     "cupy.cuda.runtime.getDevice()": cp.cuda.runtime.getDevice,

@@ -85,6 +85,8 @@ def variants():
         v[f"batches{b}/{cap}"] = (
             red, lambda b=b, c=cap: patched(reduce, "vector_group",
                                             functools.partial(reduce.vector_group, batches=b, cap=c)), "vector")
+    for block in (256, 512):  # more rows a block when the groups are small
+        v[f"block{block}"] = (red, lambda b=block: patched(reduce, "VECTOR_BLOCK", b), "vector")
     for min_len, per_sm in ((8192, 64), (32768, 64), (65536, 64), (16384, 16), (16384, 32), (16384, 128)):
         v[f"seg{min_len // 1024}k/{per_sm}"] = (
             whole, lambda a=min_len, b=per_sm: patched(reduce, "split_plan", functools.partial(

@@ -3,7 +3,11 @@
 The geometry helpers are plain functions of numbers (and a ``DeviceProps``), so the CPU
 tier tests them without a GPU.
 """
+import ctypes
 import dataclasses
+import threading
+
+import numpy as np
 
 from . import _dtypes
 
@@ -108,6 +112,63 @@ def request_smem(kernel, nbytes, props, what):
         if _smem_opted.get(key, 0) < nbytes:
             kernel.max_dynamic_shared_size_bytes = nbytes
             _smem_opted[key] = nbytes
+
+
+
+# ------------------------------------------------------------------ a launch packed once
+class DirectLaunch:
+    """One kernel launch whose geometry and scalar arguments are fixed, issued through the
+    driver's ``cuLaunchKernel`` from a parameter block packed once; a call only writes the
+    array addresses into it and launches on CuPy's current stream.
+
+    Why: ``Function.__call__`` turns every argument into a Python object on every call;
+    for a kernel of a few microseconds that conversion and CuPy's launch bookkeeping cost
+    more host time than the driver's launch (NOTES items 38 and 43). The memoized fast
+    paths of the small row operators launch through this.
+
+    ``fn``: a ``cupy.RawKernel`` (or its ``cupy.cuda.function.Function``); ``pointers``: how many array addresses lead
+    the argument list; ``scalars``: the NumPy scalars after them, whose dtypes give the C
+    types (as CuPy's own launch does). Calls from several threads are serialised around
+    the parameter block (the driver copies it during the launch). ``driver_launch`` and
+    ``current_stream`` stand in for CuPy's (the CPU tier checks the packing through them)."""
+
+    _CTYPES = {
+        "int32": ctypes.c_int32, "uint32": ctypes.c_uint32, "int64": ctypes.c_int64,
+        "uint64": ctypes.c_uint64, "float32": ctypes.c_float, "float64": ctypes.c_double,
+    }
+
+    def __init__(self, fn, grid, block, smem, pointers, scalars, *, driver_launch=None, current_stream=None):
+        if driver_launch is None or current_stream is None:
+            import cupy
+
+            driver_launch = driver_launch or cupy.cuda.driver.launchKernel
+            current_stream = current_stream or cupy.cuda.get_current_stream
+        grid, block = tuple(grid), tuple(block)
+        if not (1 <= len(grid) <= 3 and 1 <= len(block) <= 3):
+            raise ValueError(f"grid {grid} and block {block} need 1 to 3 dimensions")
+        self._addresses = [ctypes.c_void_p() for _ in range(pointers)]
+        values = []
+        for v in scalars:
+            ctype = self._CTYPES.get(np.asarray(v).dtype.name)
+            if ctype is None:
+                raise TypeError(f"DirectLaunch: no C type for a scalar argument of dtype {np.asarray(v).dtype}")
+            values.append(ctype(np.asarray(v).item()))
+        self._slots = self._addresses + values  # keeps every slot the block points at alive
+        self._params = (ctypes.c_void_p * len(self._slots))(*(ctypes.addressof(v) for v in self._slots))
+        # a RawKernel (what RawModule.get_function returns) holds its cupy.cuda.function.Function
+        func = getattr(fn, "kernel", fn)
+        self._fn = func  # keeps the module loaded
+        self._head = (func.ptr, *grid, *(1,) * (3 - len(grid)), *block, *(1,) * (3 - len(block)), int(smem))
+        self._params_ptr = ctypes.addressof(self._params)
+        self._launch, self._stream = driver_launch, current_stream
+        self._lock = threading.Lock()
+
+    def __call__(self, *addresses):
+        stream = self._stream().ptr
+        with self._lock:
+            for slot, a in zip(self._addresses, addresses):
+                slot.value = a
+            self._launch(*self._head, stream, self._params_ptr, 0)
 
 
 # ------------------------------------------------------------------ rows held in registers

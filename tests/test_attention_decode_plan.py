@@ -50,7 +50,9 @@ def test_plans_are_valid():
         assert pl.block == (M.THREADS, 1, 1) and pl.merge_block == (M.THREADS, 1, 1)
         assert 1 <= pl.grid[0] <= 2**31 - 1 and pl.grid[1:] == (1, 1), where
         assert 1 <= pl.merge_grid[0] <= 2**31 - 1 and pl.merge_grid[1:] == (1, 1), where
-        assert pl.smem <= SMEM_OPTIN, where
+        assert pl.smem <= pl.launch_smem <= SMEM_OPTIN, where
+        if pl.launch_smem > pl.smem:  # one block an SM, only for launches of several waves
+            assert pl.launch_smem * 2 > M.SMEM_PER_SM - 2048 and pl.grid[0] > pl.blocks_per_sm * sms, where
         q_bytes = M.MMA_ROW_TILE * pl.dt * 2 if dtype != "float32" else pl.rt * pl.dt * 4
         ring = pl.stages * 256 * pl.dt
         assert pl.smem == ring + q_bytes + 8 * (16 if dtype != "float32" else pl.rt), where
@@ -95,6 +97,13 @@ def test_smem_and_occupancy_numbers():
     assert M.plan("bfloat16", 16, 32, 8, 1, 4096, 64).blocks_per_sm == 3
     assert M.plan("bfloat16", 16, 32, 8, 1, 4096, 256).blocks_per_sm == 1
     assert M.plan("float32", 1, 16, 1, 1, 4096, 64).blocks_per_sm == 2  # RT 16: registers
+    # issue 4's decode shapes: B16 (128 blocks) two an SM as sized; B64 (512 blocks, two
+    # waves) asks for over half an SM's shared memory, so one block an SM
+    assert bf.launch_smem == bf.smem
+    b64 = M.plan("bfloat16", 64, 32, 8, 1, 32768, 128)
+    assert b64.grid[0] == 512 and b64.smem == bf.smem and b64.launch_smem == M.SMEM_PER_SM // 2
+    assert 2 * (b64.launch_smem + 1024) > M.SMEM_PER_SM >= b64.launch_smem + 1024
+    assert M.plan("bfloat16", 64, 32, 8, 1, 32768, 64).launch_smem == M.plan("bfloat16", 64, 32, 8, 1, 32768, 64).smem
 
 
 @pytest.mark.parametrize("B, Skv", [(16, 4096), (16, 32768), (64, 4096), (64, 32768)])

@@ -1,4 +1,5 @@
 """CPU tier: launch geometry, register-row plans, split plans, shared-memory sizing."""
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -119,3 +120,47 @@ def test_cdiv_and_pow2():
     assert _launch.cdiv(10, 3) == 4 and _launch.cdiv(9, 3) == 3
     assert [_launch.pow2_ceil(v) for v in (1, 2, 3, 33, 1024)] == [1, 2, 4, 64, 1024]
 
+
+
+class _FakeFunction:
+    ptr = 0xF00D
+
+
+class _FakeStream:
+    ptr = 0x5EA
+
+
+def test_direct_launch_packs_the_parameter_block():
+    # what cuLaunchKernel would read: one pointer a parameter, each pointing at the
+    # argument's bytes in its C type; the geometry padded to 3-D; the addresses of a call
+    # written into the block before the launch
+    import ctypes
+
+    calls = []
+
+    def driver_launch(*args):
+        f, gx, gy, gz, bx, by, bz, smem, stream, params, extra = args
+        slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        read = [ctypes.cast(slots[0], ctypes.POINTER(ctypes.c_uint64)).contents.value,
+                ctypes.cast(slots[1], ctypes.POINTER(ctypes.c_uint64)).contents.value,
+                ctypes.cast(slots[2], ctypes.POINTER(ctypes.c_int64)).contents.value,
+                ctypes.cast(slots[3], ctypes.POINTER(ctypes.c_int32)).contents.value,
+                ctypes.cast(slots[4], ctypes.POINTER(ctypes.c_float)).contents.value]
+        calls.append(((f, gx, gy, gz, bx, by, bz, smem, stream, extra), read))
+
+    launch = _launch.DirectLaunch(_FakeFunction(), (7,), (256, 2), 4096, 2,
+                                  (np.int64(-(2**40)), np.int32(1000), np.float32(0.5)),
+                                  driver_launch=driver_launch, current_stream=_FakeStream)
+    launch(0x7000_0000_1000, 0x7000_0000_2010)
+    launch(0x10, 0x20)
+    head = (0xF00D, 7, 1, 1, 256, 2, 1, 4096, 0x5EA, 0)
+    assert calls == [(head, [0x7000_0000_1000, 0x7000_0000_2010, -(2**40), 1000, 0.5]),
+                     (head, [0x10, 0x20, -(2**40), 1000, 0.5])]
+
+
+def test_direct_launch_rejects_bad_geometry_and_scalar_types():
+    fake = dict(driver_launch=lambda *a: None, current_stream=_FakeStream)
+    with pytest.raises(ValueError, match="grid"):
+        _launch.DirectLaunch(_FakeFunction(), (), (32,), 0, 1, (), **fake)
+    with pytest.raises(TypeError, match="float16"):
+        _launch.DirectLaunch(_FakeFunction(), (1,), (32,), 0, 1, (np.float16(1),), **fake)

@@ -184,7 +184,8 @@ class DecodePlan:
     chunk: int  # keys a split (a multiple of bk)
     grid: tuple
     block: tuple
-    smem: int  # dynamic shared memory bytes
+    smem: int  # dynamic shared memory bytes the kernel uses
+    launch_smem: int  # asked for at launch: smem, or over half an SM's to keep one block an SM
     blocks_per_sm: int  # resident blocks an SM the split choice assumed
     work_o: int  # float32 elements of the partial outputs (0 when splits == 1)
     work_lse: int  # float32 elements of the partial LSEs (0 when splits == 1)
@@ -217,6 +218,14 @@ def plan(dtype, B, Hq, Hkv, Sq, Skv, D, causal=False, causal_offset=0, sm_count=
     blocks = pairs * S
     if blocks > _MAX_GRID_X:
         raise ValueError(f"attention decode: {blocks} blocks exceed the grid limit {_MAX_GRID_X}")
+    # A launch of more blocks than fit at once streams faster one block an SM (NOTES 43):
+    # B64 x Hkv 8, bf16, head_dim 128, 32768 keys (512 blocks) ran 3142 GB/s one an SM
+    # against 3104 two an SM, level at 4096 keys: half the concurrent K/V streams. The
+    # launch then asks for over half an SM's shared memory (the kernel uses smem of it).
+    # Measured for the 2-byte head_dim-128 tier only; the others keep their residency.
+    launch_smem = smem
+    if dtype != "float32" and dt == 128 and blocks_per_sm > 1 and blocks > blocks_per_sm * sm_count:
+        launch_smem = max(smem, smem_per_sm // 2)
     nrows = B * Hq * Sq
     merge_blocks = _launch.cdiv(nrows, MERGE_ROWS)
     if merge_blocks > _MAX_GRID_X:
@@ -224,7 +233,7 @@ def plan(dtype, B, Hq, Hkv, Sq, Skv, D, causal=False, causal_offset=0, sm_count=
     return DecodePlan(
         name=_name(dtype, dt, rt), merge_name=_merge_name(dtype), dt=dt, rt=rt, nrt=nrt,
         stages=STAGES[dt], bk=bk, kv=kv, splits=S, chunk=chunk, grid=(max(1, blocks), 1, 1),
-        block=(THREADS, 1, 1), smem=smem, blocks_per_sm=blocks_per_sm,
+        block=(THREADS, 1, 1), smem=smem, launch_smem=launch_smem, blocks_per_sm=blocks_per_sm,
         work_o=nrows * S * D if S > 1 else 0, work_lse=nrows * S if S > 1 else 0,
         merge_grid=(max(1, merge_blocks), 1, 1), merge_block=(THREADS, 1, 1),
     )
@@ -262,7 +271,7 @@ def launch(impl, p):
                       lambda: plan(p.dtype, p.B, p.Hq, p.Hkv, p.Sq, p.Skv, p.D, p.causal,
                                    p.causal_offset, props.sm_count, props.smem_per_sm))
     fn = KERNELS.function(pl.name)
-    _launch.request_smem(fn, pl.smem, props, "attention impl='decode'")
+    _launch.request_smem(fn, pl.launch_smem, props, "attention impl='decode'")
     args = p.args()
     i32 = np.int32
     if pl.splits > 1:
@@ -272,7 +281,7 @@ def launch(impl, p):
     else:
         work_o = work_lse = _arrays.NULL_PTR  # one split writes O and LSE itself
     fn(pl.grid, pl.block, args + (work_o, work_lse, i32(pl.splits), i32(pl.chunk), i32(pl.nrt)),
-       shared_mem=pl.smem)
+       shared_mem=pl.launch_smem)
     if pl.splits > 1:
         merge = KERNELS.function(pl.merge_name)
         merge(pl.merge_grid, pl.merge_block, args + (work_o, work_lse, i32(pl.splits)))

@@ -226,6 +226,10 @@ def split_plan(R, n, sm_count, impl, vec, *, min_len=None, per_sm=None):
     return _launch.cdiv(n, L), L
 
 
+# Threads a block of reduce_rows_vector when its groups are smaller (BLOCK / G rows a block).
+VECTOR_BLOCK = 128
+
+
 def vector_group(L, itemsize, *, batches=2, cap=256):
     """Threads per virtual row of reduce_rows_vector: enough that each thread runs about
     ``batches`` batches of 4 16-byte loads, 4 to ``cap`` (2 and 256 by default). Measured (benchmarks/reduce_probe.py, H100):
@@ -303,6 +307,6 @@ def _rows_launch(op, impl, xd, y, R, n, S, L, din, dout, partial=_arrays.NULL_PT
         G = vector_group(L, xd.itemsize)
         vec = 16 // xd.itemsize
         aligned = _launch.rows_aligned(vec, n, xd) and L % vec == 0
-        block = builtins.max(G, 128)  # this module's max is the reduction
+        block = builtins.max(G, VECTOR_BLOCK)  # this module's max is the reduction
         fn((_launch.cdiv(V, block // G),), (block,),
            args + (np.int32(G), np.int32(aligned), partial, tickets))
