@@ -126,9 +126,10 @@ class DirectLaunch:
     more host time than the driver's launch (NOTES items 38 and 43). The memoized fast
     paths of the small row operators launch through this.
 
-    ``fn``: a ``cupy.RawKernel`` (or its ``cupy.cuda.function.Function``); ``pointers``: how many array addresses lead
-    the argument list; ``scalars``: the NumPy scalars after them, whose dtypes give the C
-    types (as CuPy's own launch does). Calls from several threads are serialised around
+    ``fn``: a ``cupy.RawKernel`` (or its ``cupy.cuda.function.Function``); ``pointers``:
+    how many array addresses lead the argument list (a call passes exactly that many);
+    ``scalars``: the NumPy scalars after them, whose dtypes give the C types (as CuPy's
+    own launch does). Calls from several threads are serialised around
     the parameter block (the driver copies it during the launch). ``driver_launch`` and
     ``current_stream`` stand in for CuPy's (the CPU tier checks the packing through them)."""
 
@@ -146,29 +147,35 @@ class DirectLaunch:
         grid, block = tuple(grid), tuple(block)
         if not (1 <= len(grid) <= 3 and 1 <= len(block) <= 3):
             raise ValueError(f"grid {grid} and block {block} need 1 to 3 dimensions")
-        self._addresses = [ctypes.c_void_p() for _ in range(pointers)]
+        self._addresses = (ctypes.c_uint64 * pointers)()  # device addresses, written per call
         values = []
         for v in scalars:
             ctype = self._CTYPES.get(np.asarray(v).dtype.name)
             if ctype is None:
                 raise TypeError(f"DirectLaunch: no C type for a scalar argument of dtype {np.asarray(v).dtype}")
             values.append(ctype(np.asarray(v).item()))
-        self._slots = self._addresses + values  # keeps every slot the block points at alive
-        self._params = (ctypes.c_void_p * len(self._slots))(*(ctypes.addressof(v) for v in self._slots))
+        self._values = values  # keeps the scalar slots alive
+        base, word = ctypes.addressof(self._addresses), ctypes.sizeof(ctypes.c_uint64)
+        slots = [base + i * word for i in range(pointers)] + [ctypes.addressof(v) for v in values]
+        self._params = (ctypes.c_void_p * len(slots))(*slots)
         # a RawKernel (what RawModule.get_function returns) holds its cupy.cuda.function.Function
         func = getattr(fn, "kernel", fn)
         self._fn = func  # keeps the module loaded
         self._head = (func.ptr, *grid, *(1,) * (3 - len(grid)), *block, *(1,) * (3 - len(block)), int(smem))
         self._params_ptr = ctypes.addressof(self._params)
         self._launch, self._stream = driver_launch, current_stream
-        self._lock = threading.Lock()
+        lock = threading.Lock()
+        self._acquire, self._release = lock.acquire, lock.release
 
     def __call__(self, *addresses):
+        # (every line here is paid per call: bound methods kept, no with-block, one slice store)
         stream = self._stream().ptr
-        with self._lock:
-            for slot, a in zip(self._addresses, addresses):
-                slot.value = a
+        self._acquire()
+        try:
+            self._addresses[:] = addresses
             self._launch(*self._head, stream, self._params_ptr, 0)
+        finally:
+            self._release()
 
 
 # ------------------------------------------------------------------ rows held in registers

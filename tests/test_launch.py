@@ -152,7 +152,9 @@ def test_direct_launch_packs_the_parameter_block():
                                   (np.int64(-(2**40)), np.int32(1000), np.float32(0.5)),
                                   driver_launch=driver_launch, current_stream=_FakeStream)
     launch(0x7000_0000_1000, 0x7000_0000_2010)
-    launch(0x10, 0x20)
+    with pytest.raises(ValueError):  # one address short: nothing launched ...
+        launch(0x30)
+    launch(0x10, 0x20)  # ... and the block unlocked again
     head = (0xF00D, 7, 1, 1, 256, 2, 1, 4096, 0x5EA, 0)
     assert calls == [(head, [0x7000_0000_1000, 0x7000_0000_2010, -(2**40), 1000, 0.5]),
                      (head, [0x10, 0x20, -(2**40), 1000, 0.5])]
