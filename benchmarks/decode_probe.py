@@ -38,7 +38,7 @@ def variants(forced_splits=()):
 @contextlib.contextmanager
 def _as_sized():
     """Each launch asks for the shared memory its kernel uses, so as many blocks an SM are
-    resident as fit (two at head_dim 128): the plan before B64 went to one an SM (NOTES 43)."""
+    resident as fit (two at head_dim 128): the plan before B64 went to one an SM (NOTES 44)."""
     planned = dec.plan
 
     def as_sized(*a, **k):

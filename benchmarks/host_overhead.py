@@ -7,8 +7,8 @@ import cupy as cp
 import numpy as np
 
 import cupyops
-from cupyops.bench.timing import host_overhead_us
 from cupyops import _launch
+from cupyops.bench.timing import host_overhead_us
 from cupyops.ops import _rows
 from cupyops.ops import softmax as sm
 

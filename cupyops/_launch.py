@@ -114,7 +114,6 @@ def request_smem(kernel, nbytes, props, what):
             _smem_opted[key] = nbytes
 
 
-
 # ------------------------------------------------------------------ a launch packed once
 class DirectLaunch:
     """One kernel launch whose geometry and scalar arguments are fixed, issued through the
@@ -123,15 +122,16 @@ class DirectLaunch:
 
     Why: ``Function.__call__`` turns every argument into a Python object on every call;
     for a kernel of a few microseconds that conversion and CuPy's launch bookkeeping cost
-    more host time than the driver's launch (NOTES items 38 and 43). The memoized fast
-    paths of the small row operators launch through this.
+    more host time than the driver's launch (NOTES items 38 and 43). softmax's memoized
+    fast path launches through this.
 
     ``fn``: a ``cupy.RawKernel`` (or its ``cupy.cuda.function.Function``); ``pointers``:
     how many array addresses lead the argument list (a call passes exactly that many);
     ``scalars``: the NumPy scalars after them, whose dtypes give the C types (as CuPy's
-    own launch does). Calls from several threads are serialised around
-    the parameter block (the driver copies it during the launch). ``driver_launch`` and
-    ``current_stream`` stand in for CuPy's (the CPU tier checks the packing through them)."""
+    own launch does). Calls from several threads are serialised around the parameter
+    block (the driver reads it during the launch, with the GIL released). ``driver_launch``
+    and ``current_stream`` stand in for CuPy's (the CPU tier checks the packing through
+    them)."""
 
     _CTYPES = {
         "int32": ctypes.c_int32, "uint32": ctypes.c_uint32, "int64": ctypes.c_int64,

@@ -51,7 +51,9 @@ def test_plans_are_valid():
         assert 1 <= pl.grid[0] <= 2**31 - 1 and pl.grid[1:] == (1, 1), where
         assert 1 <= pl.merge_grid[0] <= 2**31 - 1 and pl.merge_grid[1:] == (1, 1), where
         assert pl.smem <= pl.launch_smem <= SMEM_OPTIN, where
-        if pl.launch_smem > pl.smem:  # one block an SM, only for launches of several waves
+        # one block an SM (two, with the driver's 1 KB each, do not fit), only for launches
+        # of more blocks than fit two an SM
+        if pl.launch_smem > pl.smem:
             assert pl.launch_smem * 2 > M.SMEM_PER_SM - 2048 and pl.grid[0] > pl.blocks_per_sm * sms, where
         q_bytes = M.MMA_ROW_TILE * pl.dt * 2 if dtype != "float32" else pl.rt * pl.dt * 4
         ring = pl.stages * 256 * pl.dt
@@ -103,7 +105,8 @@ def test_smem_and_occupancy_numbers():
     b64 = M.plan("bfloat16", 64, 32, 8, 1, 32768, 128)
     assert b64.grid[0] == 512 and b64.smem == bf.smem and b64.launch_smem == M.SMEM_PER_SM // 2
     assert 2 * (b64.launch_smem + 1024) > M.SMEM_PER_SM >= b64.launch_smem + 1024
-    assert M.plan("bfloat16", 64, 32, 8, 1, 32768, 64).launch_smem == M.plan("bfloat16", 64, 32, 8, 1, 32768, 64).smem
+    d64 = M.plan("bfloat16", 64, 32, 8, 1, 32768, 64)  # other tiers keep their residency
+    assert d64.launch_smem == d64.smem
 
 
 @pytest.mark.parametrize("B, Skv", [(16, 4096), (16, 32768), (64, 4096), (64, 32768)])

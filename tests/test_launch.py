@@ -121,7 +121,6 @@ def test_cdiv_and_pow2():
     assert [_launch.pow2_ceil(v) for v in (1, 2, 3, 33, 1024)] == [1, 2, 4, 64, 1024]
 
 
-
 class _FakeFunction:
     ptr = 0xF00D
 

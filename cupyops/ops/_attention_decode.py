@@ -218,7 +218,7 @@ def plan(dtype, B, Hq, Hkv, Sq, Skv, D, causal=False, causal_offset=0, sm_count=
     blocks = pairs * S
     if blocks > _MAX_GRID_X:
         raise ValueError(f"attention decode: {blocks} blocks exceed the grid limit {_MAX_GRID_X}")
-    # A launch of more blocks than fit at once streams faster one block an SM (NOTES 43):
+    # A launch of more blocks than fit at once streams faster one block an SM (NOTES 44):
     # B64 x Hkv 8, bf16, head_dim 128, 32768 keys (512 blocks) ran 3142 GB/s one an SM
     # against 3104 two an SM, level at 4096 keys: half the concurrent K/V streams. The
     # launch then asks for over half an SM's shared memory (the kernel uses smem of it).
