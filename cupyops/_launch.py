@@ -149,11 +149,11 @@ class DirectLaunch:
             raise ValueError(f"grid {grid} and block {block} need 1 to 3 dimensions")
         self._addresses = (ctypes.c_uint64 * pointers)()  # device addresses, written per call
         values = []
-        for v in scalars:
-            ctype = self._CTYPES.get(np.asarray(v).dtype.name)
+        for v in map(np.asarray, scalars):
+            ctype = self._CTYPES.get(v.dtype.name)
             if ctype is None:
-                raise TypeError(f"DirectLaunch: no C type for a scalar argument of dtype {np.asarray(v).dtype}")
-            values.append(ctype(np.asarray(v).item()))
+                raise TypeError(f"DirectLaunch: no C type for a scalar argument of dtype {v.dtype}")
+            values.append(ctype(v.item()))
         self._values = values  # keeps the scalar slots alive
         base, word = ctypes.addressof(self._addresses), ctypes.sizeof(ctypes.c_uint64)
         slots = [base + i * word for i in range(pointers)] + [ctypes.addressof(v) for v in values]

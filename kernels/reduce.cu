@@ -102,14 +102,13 @@ __device__ __forceinline__ uint4 ldg_vec(const Tin* p, i64 i) {
     return __ldg(reinterpret_cast<const uint4*>(p + i * Vec<Tin>::N));
 }
 
-// Stream 16-byte vectors i, i + stride, ... of p (i < nvec) into UNROLL accumulators and
-// return the first index not taken. UNROLL independent loads are in flight before any is
+// Stream 16-byte vectors i, i + stride, ... of p (i < nvec) into UNROLL accumulators. UNROLL independent loads are in flight before any is
 // used, and the loop is software-pipelined by hand: the next batch is issued before the
 // current one is widened and added. ptxas pipelines this loop by itself for float32 but
 // not for 2-byte types, whose SASS otherwise waits for each batch. Independent
 // accumulators: one chain of dependent adds would wait on the adder, not on memory.
 template <typename Op, typename A, typename Tin, int UNROLL>
-__device__ __forceinline__ i64 stream_vectors(const Tin* __restrict__ p, i64 i, int stride,
+__device__ __forceinline__ void stream_vectors(const Tin* __restrict__ p, i64 i, int stride,
                                               i64 nvec, A (&acc)[UNROLL]) {
     if (i + (UNROLL - 1) * stride < nvec) {
         uint4 cur[UNROLL], nxt[UNROLL];
@@ -131,7 +130,6 @@ __device__ __forceinline__ i64 stream_vectors(const Tin* __restrict__ p, i64 i, 
         }
     }
     for (; i < nvec; i += stride) acc[0] = Op::apply(acc[0], vec_reduce<Op, A, Tin>(ldg_vec(p, i)));
-    return i;
 }
 
 // The last-block finish shared by the split kernels: every block of row r stores its

@@ -43,7 +43,6 @@ VARIANTS = {
 DTYPES = {"skinny": ("float32", "float16", "bfloat16", "int8")}
 MAX_M = 64
 
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 # Rows per block instantiated per dtype (mma types: tiles of 8 rows).
 MT_SIZES = {"float32": (1, 2, 4, 8, 16), "float16": (8, 16), "bfloat16": (8, 16), "int8": (8, 16)}
 
@@ -90,7 +89,7 @@ def warp_columns(dtype, tb):
     """skinny::Shape<T, TB>::WNE: the columns one warp covers."""
     if tb:
         return 32
-    return 32 * (16 // _ITEMSIZE[dtype]) if dtype == "float32" else 32 * (4 // _ITEMSIZE[dtype])
+    return 32 * (16 // _dtypes.itemsize(dtype)) if dtype == "float32" else 32 * (4 // _dtypes.itemsize(dtype))
 
 
 def pick_mt(dtype, M):
@@ -188,7 +187,7 @@ def plan(p, config=None, sm_count=132):
         )
     wn, wk, per_sm, max_mt = _CONFIGS[config]
     ta, tb = p.layout()
-    itemsize = _ITEMSIZE[p.dtype]
+    itemsize = _dtypes.itemsize(p.dtype)
     mt = pick_mt(p.dtype, p.M)
     if max_mt is not None:
         mt = min(mt, max_mt)

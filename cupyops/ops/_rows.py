@@ -41,16 +41,13 @@ class RowPlan:
         return shape_args(rows, n) + self._tail(aligned)
 
     def launch(self, rows, args, aligned):
-        launch(self.fn, self.grid(rows), (self.block,), args + self._tail(aligned), self.smem)
-
-
-def launch(fn, grid, block, args, smem):
-    """``fn(grid, block, args)``, passing CuPy's ``shared_mem=`` keyword only when it is
-    not 0: the keyword alone costs 0.5-1.9 us a call on the H100 hosts (NOTES item 38)."""
-    if smem:
-        fn(grid, block, args, shared_mem=smem)
-    else:
-        fn(grid, block, args)
+        grid, args = self.grid(rows), args + self._tail(aligned)
+        # CuPy's shared_mem= keyword alone costs 0.5-1.9 us a call on the H100 hosts
+        # (NOTES item 38): passed only when needed
+        if self.smem:
+            self.fn(grid, (self.block,), args, shared_mem=self.smem)
+        else:
+            self.fn(grid, (self.block,), args)
 
 
 _ALIGNED = (np.int32(0), np.int32(1))

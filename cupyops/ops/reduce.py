@@ -232,8 +232,8 @@ VECTOR_BLOCK = 128
 
 def vector_group(L, itemsize, *, batches=2, cap=256):
     """Threads per virtual row of reduce_rows_vector: enough that each thread runs about
-    ``batches`` batches of 4 16-byte loads, 4 to ``cap`` (2 and 256 by default). Measured (benchmarks/reduce_probe.py, H100):
-    two batches beat four on 2-byte rows and whole arrays (+2-4 %) and on 4096- and
+    ``batches`` batches of 4 16-byte loads, 4 to ``cap`` (2 and 256 by default). Measured
+    (benchmarks/reduce_probe.py, H100): two batches beat four on 2-byte rows and whole arrays (+2-4 %) and on 4096- and
     8192-long float32 rows; groups of 512 lose 4-8 % on float32 segments of 16K
     elements, which therefore keep 256 threads and four batches."""
     nvec = _launch.cdiv(L * itemsize, 16)

@@ -47,21 +47,24 @@ _FAST = {}
 
 
 def _fast_key(x, axis, impl):
-    """``_FAST``'s key of a call (x of any kind), or None when the call cannot take it."""
+    """``_FAST``'s key of a call (x of any kind), or None when the call cannot take it. The
+    lookup and the store both build it here; it is most of a repeated call's Python work."""
     if type(axis) is not int or type(impl) is not str:
         return None
-    return (type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, impl,
-            _arrays.current_device_or_none())
+    try:
+        return (type(x), x.shape, x.dtype, axis, impl, _arrays.current_device_or_none())
+    except AttributeError:  # not an array: the checked path says what is wrong
+        return None
 
 
 def softmax(x, axis=-1, out=None, *, impl="auto"):
     """``exp(x - max) / sum(exp(x - max))`` along ``axis``; float32, float16, bfloat16 with
     float32 math. A row of all -inf gives NaN, as in NumPy."""
     axis_arg = axis
-    if out is None and type(axis) is int and type(impl) is str:
-        try:  # _fast_key, inlined: this is the whole host cost of a repeated call
-            fast = _FAST.get((type(x), x.shape, x.dtype, axis, impl, _arrays.current_device_or_none()))
-        except (AttributeError, TypeError):  # not an array: the checked path says what is wrong
+    if out is None:
+        try:
+            fast = _FAST.get(_fast_key(x, axis, impl))
+        except TypeError:  # an unhashable shape or dtype: not an array (the checked path says so)
             fast = None
         if fast is not None:
             y = fast(x)
