@@ -84,62 +84,6 @@ __device__ __forceinline__ bool gemm_vec_ok(const T* p, i64 ld, i64 stride) {
     return (reinterpret_cast<unsigned long long>(p) % 16 == 0) && ld % V == 0 && stride % V == 0;
 }
 
-// The units of work of one block of a tiled GEMM launch: (output tile, k-tiles kt0..kt1).
-//   STREAMK = false: tiles blockIdx.x, blockIdx.x + gridDim.x, ..., every k-tile of each.
-//   STREAMK = true (one persistent wave: gridDim.x = G blocks, about one per resident
-//   slot): tiles below dp_tiles go as above (whole waves of whole tiles); the k-tile
-//   iterations of the remaining tiles, (tiles - dp_tiles) * KT of them in a row, are cut
-//   into G contiguous near-equal ranges, one a block. A launch whose last wave of whole
-//   tiles would leave slots idle so ends with every block busy for the same time. A tile
-//   cut between blocks ("shared") is finished by whichever of them comes last (see
-//   gemm_mma.cu); block b's share of such a tile is either the first unit of its range
-//   (its slot 2b of partials) or the last (slot 2b + 1).
-template <bool STREAMK> struct TileUnits;
-
-template <> struct TileUnits<false> {
-    int tile, kt0, kt1;
-    const int tiles, KT;
-    __device__ TileUnits(int tiles_, int KT_, int) : tile((int)blockIdx.x - (int)gridDim.x), kt0(0), kt1(KT_), tiles(tiles_), KT(KT_) {}
-    __device__ bool next() {
-        tile += gridDim.x;
-        return tile < tiles;
-    }
-    __device__ bool shared() const { return false; }
-};
-
-template <> struct TileUnits<true> {
-    int tile, kt0, kt1;
-    const int KT, dp_tiles, G;
-    const i64 T;  // stream-K iterations
-    i64 it, end;  // this block's remaining range
-    __device__ TileUnits(int tiles, int KT_, int dp)
-        : tile((int)blockIdx.x - (int)gridDim.x), kt0(0), kt1(KT_), KT(KT_), dp_tiles(dp), G(gridDim.x),
-          T((i64)(tiles - dp) * KT_), it(start(blockIdx.x)), end(start(blockIdx.x + 1)) {}
-    // First iteration of block b's range (b <= G).
-    __device__ i64 start(int b) const { return (i64)b * T / G; }
-    // The block whose range holds iteration i: the largest b with start(b) <= i.
-    __device__ int owner(i64 i) const { return (int)(((i + 1) * G - 1) / T); }
-    __device__ bool next() {
-        if (tile + G < dp_tiles) {
-            tile += G;
-            return true;
-        }
-        if (it >= end) return false;
-        const i64 u = it / KT;
-        tile = dp_tiles + (int)u;
-        kt0 = (int)(it - u * KT);
-        kt1 = (int)min((i64)KT, kt0 + (end - it));
-        it += kt1 - kt0;
-        return true;
-    }
-    // Is the current unit part of a tile other blocks share?
-    __device__ bool shared() const { return tile >= dp_tiles && (kt0 != 0 || kt1 != KT); }
-    // The shared tile's first iteration and its first and last contributing blocks.
-    __device__ i64 tile_first() const { return (i64)(tile - dp_tiles) * KT; }
-    // Slot of block c's partial of the current (shared) tile.
-    __device__ int slot(int c) const { return 2 * c + (start(c) < tile_first() ? 1 : 0); }
-};
-
 // (cp.async, ldmatrix and mma wrappers: ptx.cuh)
 
 }  // namespace cuops

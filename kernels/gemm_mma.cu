@@ -234,90 +234,14 @@ struct Operand {
     }
 };
 
-// ------------------------------------------------------------------ stream-K shares
-// This block's share of a shared tile (accumulators acc) goes to its slot of W; true when
-// this block drew the tile's last ticket, and acc then holds the whole tile (every share,
-// added in block order). Called by all threads.
-template <int MT, int NT, int THREADS, typename Acc>
-__device__ __forceinline__ bool streamk_share(const TileUnits<true>& unit, Acc (&acc)[MT][NT][4],
-                                              Acc* __restrict__ W, unsigned* __restrict__ tickets, int tid) {
-    static_assert(sizeof(Acc) == 4, "a fragment's 4 accumulators are one 16-byte word");
-    constexpr int SLOT = MT * NT * THREADS;  // 16-byte words a slot
-    __shared__ bool s_last;
-    uint4* mine = reinterpret_cast<uint4*>(W) + (i64)unit.slot(blockIdx.x) * SLOT + tid;
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-            __stcg(mine + (i * NT + j) * THREADS,
-                   make_uint4(to_bits(acc[i][j][0]), to_bits(acc[i][j][1]), to_bits(acc[i][j][2]), to_bits(acc[i][j][3])));
-    __threadfence();  // this thread's share is visible before the ticket that counts it
-    __syncthreads();
-    const i64 first = unit.tile_first();
-    const int c_lo = unit.owner(first), c_hi = unit.owner(first + unit.KT - 1);
-    const unsigned u = (unsigned)(unit.tile - unit.dp_tiles);
-    if (tid == 0) {
-        const unsigned ticket = atomicAdd(tickets + u, 1u);
-        s_last = ticket == (unsigned)(c_hi - c_lo);
-        if (s_last) tickets[u] = 0u;  // zeroed for the next launch on this stream
-    }
-    __syncthreads();
-    if (!s_last) return false;
-    __threadfence();
-    // The shares add in block order; addition commutes, so when this block is the first
-    // or second contributor its own share stays in acc (own + s_lo == s_lo + own); a later
-    // contributor reloads its own share to keep the order.
-    const int me = blockIdx.x;
-    const bool keep = me <= c_lo + 1;
-#pragma unroll 1
-    for (int c = c_lo; c <= c_hi; ++c) {
-        if (keep && c == me) continue;
-        const bool first = !keep && c == c_lo;
-        const uint4* src = reinterpret_cast<const uint4*>(W) + (i64)unit.slot(c) * SLOT + tid;
-        // two m16 rows of fragments (16 loads) in flight at a time: the fragment registers
-        // are free here, the accumulators are not
-#pragma unroll
-        for (int i = 0; i < MT; i += 2) {
-            uint4 w[2][NT];
-#pragma unroll
-            for (int di = 0; di < 2; ++di)
-#pragma unroll
-                for (int j = 0; j < NT; ++j) w[di][j] = __ldcg(src + ((i + di) * NT + j) * THREADS);
-#pragma unroll
-            for (int di = 0; di < 2; ++di)
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const unsigned b[4] = {w[di][j].x, w[di][j].y, w[di][j].z, w[di][j].w};
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        const Acc v = from_bits<Acc>(b[q]);
-                        acc[i + di][j][q] = first ? v : acc[i + di][j][q] + v;
-                    }
-                }
-            asm volatile("" ::: "memory");  // keep the next group's loads behind these adds
-        }
-    }
-    return true;
-}
-
 // ------------------------------------------------------------------ the mma.sync GEMM
 // SPLIT: split-K for decode shapes (a few rows, few tiles). Batch entry z is split z of
 // K: its operands start ks columns of op(A) / rows of op(B) further on (sA, sB), it
 // covers min(ks, K - z * ks) of K, and it stores its fp32 accumulators as they are into
 // the M x N slice z of the workspace D (really float*), without alpha, beta or C; then
 // gemm_splitk_reduce adds the slices in order and applies the epilogue.
-// STREAMK: one persistent wave whose blocks share the last tiles' k-tiles (TileUnits<true>,
-// gemm_common.cuh; one product). A block's share of a shared tile goes to its slot of W
-// (BM * BN accumulators a slot, in fragment order: thread tid's 4 accumulators of mma
-// tile (i, j) as one 16-byte word at (i * NT + j) * THREADS + tid), fenced, then it draws a
-// ticket of the tile; the block that draws the last adds every share in k order (block
-// order: the result does not depend on which block came last), runs the epilogue and
-// zeroes the ticket for the next launch.
-template <typename T, bool TA, bool TB, int BM, int BN, int WM, int WN, int STAGES, bool SPLIT = false,
-          bool STREAMK = false>
-__device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks, int dp_tiles = 0,
-                                              typename GemmTypes<T>::Acc* __restrict__ W = nullptr,
-                                              unsigned* __restrict__ tickets = nullptr) {
+template <typename T, bool TA, bool TB, int BM, int BN, int WM, int WN, int STAGES, bool SPLIT = false>
+__device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks) {
     typedef typename GemmTypes<T>::Acc Acc;
     typedef typename GemmTypes<T>::Out Out;
     constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
@@ -337,7 +261,6 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks, int dp_til
     static_assert(STAGES >= 2 && WM % 16 == 0 && WN % 16 == 0 && BM % WM == 0 && BN % WN == 0, "tile shape");
     static_assert((MT & (MT - 1)) == 0 && (NP & (NP - 1)) == 0, "frag_xor needs power-of-2 fragment counts");
     static_assert(KSTEPS % 2 == 0, "fragment double buffer parity");
-    static_assert(!(SPLIT && STREAMK), "split-K and stream-K are separate launches");
 
     extern __shared__ __align__(1024) unsigned char gemm_smem[];
     const unsigned s0 = smem_u32(gemm_smem);
@@ -355,10 +278,9 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks, int dp_til
         const T* Bz = B + z * sB;
         const int Kz = SPLIT ? min(ks, K - z * ks) : K;
         const int KT = (Kz + BK - 1) / BK;
-        TileUnits<STREAMK> unit(tiles, KT, dp_tiles);
-        while (unit.next()) {
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             int pm, pn;
-            tile_coords<8>(unit.tile, tm, tn, pm, pn);
+            tile_coords<8>(tile, tm, tn, pm, pn);
             const int m0 = pm * BM, n0 = pn * BN;
 
             Acc acc[MT][NT][4];
@@ -385,12 +307,11 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks, int dp_til
                 for (int j = 0; j < NP; ++j) OpB::load(sb, fb, ks, j, bf[buf][j]);
             };
 
-            // Prologue: k-tiles kt0 .. kt0+STAGES-2 into stages 0 .. STAGES-2, one commit
-            // group per k-tile (empty past kt1) so that wait_group counts stay uniform.
-            const int kt0 = unit.kt0, kt1 = unit.kt1;
+            // Prologue: k-tiles 0 .. STAGES-2 into stages 0 .. STAGES-2, one commit group
+            // per k-tile (empty past KT) so that wait_group counts stay uniform.
 #pragma unroll 1
             for (int st = 0; st < STAGES - 1; ++st) {
-                if (kt0 + st < kt1) issue(kt0 + st, st);
+                if (st < KT) issue(st, st);
                 cp_commit();
             }
             cp_wait<STAGES - 2>();
@@ -398,11 +319,11 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks, int dp_til
             if constexpr (FDB) load_frags(0, 0, 0);
 
             int rs = 0, ws = STAGES - 1;  // stage read this iteration, stage refilled
-            for (int kt = kt0; kt < kt1; ++kt) {
+            for (int kt = 0; kt < KT; ++kt) {
                 // Refill the stage k-tile kt-1 used (every warp finished reading it before
                 // the previous barrier) with k-tile kt + STAGES - 1.
                 const int nk = kt + STAGES - 1;
-                if (nk < kt1) issue(nk, ws);
+                if (nk < KT) issue(nk, ws);
                 cp_commit();
 #pragma unroll
                 for (int ks = 0; ks < KSTEPS; ++ks) {
@@ -438,9 +359,6 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks, int dp_til
             // {1, 3}: four consecutive words per row, stored together.
             cp_wait<0>();
             __syncthreads();  // every warp is done reading the ring
-            if constexpr (STREAMK) {
-                if (unit.shared() && !streamk_share<MT, NT, THREADS>(unit, acc, W, tickets, tid)) continue;
-            }
             Acc* cs = reinterpret_cast<Acc*>(gemm_smem);
             const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -704,17 +622,6 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB) gemm_mma(GEM
     static_assert(sizeof(T) == 2, "gemm_mma is the 16-bit rung; int8 is gemm_mma_s8");
     gmma::gemm_mma_body<T, TA, TB, BM, BN, WM, WN, STAGES>(A, B, C, D, M, N, K, lda, ldb, ldc, ldd, sA, sB, sC, sD,
                                                            batch, alpha, beta, K);
-}
-
-// gemm_mma_streamk: gemm_mma as one persistent wave (grid = G blocks, one product):
-// tiles below dp_tiles whole, the rest's k-tiles shared (STREAMK above). W: 2 * G * BM * BN
-// floats; tickets: tiles - dp_tiles zeroed counters, left zeroed.
-template <typename T, bool TA, bool TB, int BM, int BN, int WM, int WN, int STAGES, int MINB>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB)
-    gemm_mma_streamk(GEMM_PARAMS(T), int dp_tiles, float* __restrict__ W, unsigned* __restrict__ tickets) {
-    static_assert(sizeof(T) == 2, "stream-K is instantiated for the 16-bit types");
-    gmma::gemm_mma_body<T, TA, TB, BM, BN, WM, WN, STAGES, false, true>(
-        A, B, C, D, M, N, K, lda, ldb, ldc, ldd, sA, sB, sC, sD, batch, alpha, beta, K, dp_tiles, W, tickets);
 }
 
 // gemm_mma_splitk: the split-K pass of gemm_mma for decode shapes (float16 / bfloat16,

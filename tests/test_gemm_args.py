@@ -250,41 +250,6 @@ def test_mma_split_k_plan():
     assert G._gemm_mma.split_plan("wmma", _problem("float16", 1, 4096, 4096, False), None, 132) is None
 
 
-@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
-@pytest.mark.parametrize("M,N,K,dp_tiles,shared", [(4096, 4096, 4096, 264, 248),  # 3.88 waves
-                                                   (8192, 8192, 8192, 1848, 200),  # 15.5 waves
-                                                   (4096, 4096, 11008, 264, 248)])
-def test_mma_streamk_plan_for_a_partial_last_wave(dt, M, N, K, dp_tiles, shared):
-    # all but the last one to two waves of 128x256 tiles whole; the rest's k-tiles shared by
-    # one block a SM
-    mma = G._gemm_mma
-    sk = mma.streamk_plan("mma", _problem(dt, M, N, K), None, 132)
-    assert sk is not None and sk.name in mma.KERNELS.name_expressions
-    assert sk.grid == (132, 1, 1) and sk.block == (256,) and sk.smem == mma.mma_smem("128x256", dt) <= SMEM_OPTIN
-    assert (sk.dp_tiles, sk.shared_tiles) == (dp_tiles, shared)
-    assert sk.work_words == 2 * 132 * 128 * 256
-
-
-def test_mma_streamk_plan_only_where_it_pays():
-    mma = G._gemm_mma
-    for p, cfg in ((_problem("float16", 128 * 132, 256, 4096), None),  # one full wave
-                   (_problem("float16", 128 * 264, 256, 4096), None),  # two full waves
-                   (_problem("float16", 128 * 263, 256, 4096), None),  # last wave 99 % full
-                   (_problem("int8", 4096, 4096, 4096), None),  # not instantiated
-                   (_problem("float16", 4096, 4096, 4096, batch=2), None),  # a stack
-                   (_problem("bfloat16", 4096, 4096, 4096), "128x256"),  # forced plain tile
-                   (_problem("float16", 4096, 4096, 0), "128x256sk"),  # no k-tiles to share
-                   (_problem("float16", 1, 4096, 4096), None)):  # decode: split-K's
-        assert mma.streamk_plan("mma", p, cfg, 132) is None, (p.shape_key(), cfg)
-    assert mma.streamk_plan("wmma", _problem("float16", 4096, 4096, 4096), None, 132) is None
-    # forced on a small product: no whole waves, every tile shared
-    sk = mma.streamk_plan("mma", _problem("bfloat16", 300, 520, 700, True), "128x256sk", 132)
-    assert (sk.dp_tiles, sk.shared_tiles, sk.grid) == (0, 9, (132, 1, 1))
-    # the plain launcher still runs the forced name where stream-K does not apply
-    name = mma.plan("mma", _problem("int8", 300, 520, 700), "128x256sk", 132)[0]
-    assert name == mma.plan("mma", _problem("int8", 300, 520, 700), "128x256", 132)[0]
-
-
 @settings(max_examples=200, deadline=None)
 @given(M=st.integers(1, 200), N=st.integers(1, 5000), K=st.integers(1, 20000))
 def test_mma_split_k_covers_k(M, N, K):

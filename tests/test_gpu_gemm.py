@@ -278,63 +278,6 @@ def test_mma_split_k_is_bitwise_deterministic():
         check(first, reference.matmul(a.get(), b.get()), dtype, 8192, f"mma split-K {dtype}")
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@HYPO
-@given(M=st.sampled_from(AWKWARD + [700]), N=st.sampled_from(AWKWARD + [1100]), K=st.integers(1, 3000),
-       ta=st.booleans(), tb=st.booleans(), with_c=st.booleans(), seed=st.integers(0, 2**32 - 1))
-def test_mma_streamk_shares(dtype, M, N, K, ta, tb, with_c, seed):
-    # stream-K forced on small products: one wave of 132 blocks over a few tiles, so most
-    # tiles are cut between several blocks (first, middle and last shares, finishers that
-    # keep their own share and ones that reload it), with alpha, beta and C = out
-    cp = _cp()
-    rng = np.random.default_rng(seed)
-    a = rand(rng, (K, M) if ta else (M, K), dtype)
-    b = rand(rng, (N, K) if tb else (K, N), dtype)
-    c = rand(rng, (M, N), dtype) if with_c else None
-    alpha, beta = 1.5, (-0.5 if with_c else 0.0)
-    ref = reference.gemm(a, b, c, alpha, beta, ta, tb)
-    d = cp.asarray(c) if with_c else poisoned((M, N), _dtypes.to_dtype(dtype))
-    (p,) = G._problems(dtype, ta, tb, M, N, K, cp.asarray(a), cp.asarray(b), d if with_c else None, d, (),
-                       alpha, beta, cp)
-    assert G._gemm_mma.streamk_plan("mma", p, "128x256sk") is not None
-    G._gemm_mma.launch("mma", p, "128x256sk")
-    check(d, ref, dtype, K, f"mma stream-K {dtype} M={M} N={N} K={K} ta={ta} tb={tb} c={with_c}")
-
-
-def test_mma_streamk_is_bitwise_deterministic():
-    # 32 tiles of 64 k-tiles over 132 blocks: each tile is cut between ~5 blocks, and which
-    # of them finishes it varies from run to run; the shares are added in block order
-    cp = _cp()
-    rng = np.random.default_rng()
-    a = cp.asarray(rand(rng, (1024, 4096), "bfloat16"))
-    b = cp.asarray(rand(rng, (4096, 1024), "bfloat16"))
-
-    def call():
-        d = cp.empty((1024, 1024), a.dtype)
-        (p,) = G._problems("bfloat16", False, False, 1024, 1024, 4096, a, b, None, d, (), 1, 0, cp)
-        G._gemm_mma.launch("mma", p, "128x256sk")
-        return d
-
-    first = assert_repeats_bitwise(call, np.uint16)
-    check(first, reference.matmul(a.get(), b.get()), "bfloat16", 4096, "mma stream-K")
-
-
-def test_mma_auto_runs_streamk_on_a_partial_last_wave():
-    # 512 tiles of 128x256 on 132 SMs (3.88 waves): matmul's mma plan is stream-K there
-    cp = _cp()
-    rng = np.random.default_rng()
-    a = cp.asarray(rand(rng, (4096, 512), "float16"))
-    b = cp.asarray(rand(rng, (512, 4096), "float16"))
-    (p,) = G._problems("float16", False, False, 4096, 4096, 512, a, b, None, cp.empty((4096, 4096), a.dtype),
-                       (), 1, 0, cp)
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    if sms == 132:
-        assert G._gemm_mma.streamk_plan("mma", p, None, sms) is not None
-    got = assert_repeats_bitwise(lambda: cupyops.matmul(a, b, impl="mma"), np.uint16)
-    rows = np.arange(0, 4096, 97)
-    check(got[rows], reference.matmul(a[rows].get(), b.get()), "float16", 512, "mma auto stream-K rows")
-
-
 def test_int8_is_exact_at_large_k():
     cp = _cp()
     rng = np.random.default_rng()

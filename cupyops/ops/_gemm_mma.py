@@ -27,14 +27,6 @@ most a third of the SMs (decode shapes: 1 x 4096 @ 4096 x 4096 is 32 tiles) spli
 that the tiles x splits fill two blocks an SM; each split stores fp32 partials
 (``gemm_mma_splitk``) and ``gemm_splitk_reduce`` adds them in order and applies alpha,
 beta and C. Only for ``config=None`` and a single product.
-
-Stream-K (``streamk_plan``): when the large tiles' last wave would leave SMs idle (4096^3:
-512 tiles of 128x256 on 132 SMs make 3.88 waves, 8192^3 15.5), a float16 / bfloat16 product
-runs as one persistent wave of G = SMs blocks (``gemm_mma_streamk``): all but the last one
-to two waves of tiles whole, and the k-tiles of those last tiles cut into G equal shares,
-one a block; a tile cut between blocks is summed in block order by the block that
-finishes it last (fp32 shares in a 2 x G-slot workspace, ticket counters). ``config``
-``"128x256sk"`` forces it (sweeps, tests).
 """
 import dataclasses
 
@@ -67,9 +59,7 @@ _MMA = {
 }
 # Guessed relative efficiency of a tile shape at full occupancy (for the wave model).
 _EFFICIENCY = {"128x256": 1.0, "256x128": 1.0, "128x128": 0.85, "64x128": 0.7}
-# Forced stream-K configurations -> their tile configuration.
-STREAMK_CONFIGS = {"128x256sk": "128x256"}
-CONFIGS = {"wmma": (), "mma": tuple(_MMA) + tuple(STREAMK_CONFIGS)}
+CONFIGS = {"wmma": (), "mma": tuple(_MMA)}
 
 WMMA_TILE = 64
 WMMA_THREADS = 128
@@ -81,7 +71,7 @@ _MAX_GRID_X = 2**31 - 1
 def mma_params(cfg, dtype):
     """(BM, BN, WM, WN, STAGES, MIN_BLOCKS) of configuration ``cfg`` (the same for every
     dtype: a stage is 128 bytes of K either way)."""
-    return _MMA[STREAMK_CONFIGS.get(cfg, cfg)]
+    return _MMA[cfg]
 
 
 def mma_threads(cfg, dtype):
@@ -137,19 +127,6 @@ def _reduce_name(dtype):
     return template_name("gemm_splitk_reduce", _dtypes.cuda_type(dtype))
 
 
-STREAMK_CONFIG = "128x256"  # the tile stream-K runs
-STREAMK_TYPES = ("float16", "bfloat16")
-# Stream-K replaces ceil(tiles / G) rounds of whole tiles by about tiles / G (plus each
-# block's share of a cut tile through L2: 128 KB out and, for half of them, 2 x 128 KB
-# back). Used when that saves at least this fraction of the plain launch.
-STREAMK_MIN_GAIN = 0.02
-
-
-def _streamk_name(dtype, ta, tb):
-    return template_name("gemm_mma_streamk", _dtypes.cuda_type(dtype), ta, tb,
-                         *mma_params(STREAMK_CONFIG, dtype))
-
-
 def _expressions():
     names = []
     for dtype in DTYPES["wmma"]:
@@ -159,8 +136,6 @@ def _expressions():
             names += [_name("mma", dtype, ta, tb, cfg) for cfg in _MMA]
     for dtype in SPLIT_TYPES:
         names += [_split_name(dtype, ta, tb) for ta, tb in LAYOUTS] + [_reduce_name(dtype)]
-    for dtype in STREAMK_TYPES:
-        names += [_streamk_name(dtype, ta, tb) for ta, tb in LAYOUTS]
     return names
 
 
@@ -179,53 +154,11 @@ def plan(impl, p, config=None, sm_count=132):
     if impl == "wmma":
         tiles = cdiv(p.M, WMMA_TILE) * cdiv(p.N, WMMA_TILE)
         return _name(impl, p.dtype, ta, tb), (min(tiles, _MAX_GRID_X), 1, gz), (WMMA_THREADS,), 0
-    cfg = STREAMK_CONFIGS.get(config, config) or pick_config(p, sm_count)
+    cfg = config or pick_config(p, sm_count)
     bm, bn = mma_params(cfg, p.dtype)[:2]
     tiles = cdiv(p.M, bm) * cdiv(p.N, bn)
     return (_name(impl, p.dtype, ta, tb, cfg), (min(tiles, _MAX_GRID_X), 1, gz),
             (mma_threads(cfg, p.dtype),), mma_smem(cfg, p.dtype))
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamKPlan:
-    name: str  # gemm_mma_streamk instantiation
-    grid: tuple  # (G, 1, 1): one block a resident slot
-    block: tuple
-    smem: int
-    dp_tiles: int  # tiles run whole before the shared ones
-    shared_tiles: int  # tiles whose k-tiles are shared (ticket counters)
-    work_words: int  # fp32 workspace: 2 slots a block of BM x BN
-
-
-def streamk_plan(impl, p, config=None, sm_count=132):
-    """The stream-K launch of ``mma`` for ``p``, or None when the plain plan's last wave is
-    full enough (or the problem is not one product of a 16-bit type with K > 0, or a
-    configuration other than a stream-K one was forced)."""
-    forced = config in STREAMK_CONFIGS
-    if impl != "mma" or (config is not None and not forced) or p.dtype not in STREAMK_TYPES or p.batch != 1:
-        return None
-    cfg = STREAMK_CONFIGS[config] if forced else pick_config(p, sm_count)
-    if cfg != STREAMK_CONFIG:
-        return None
-    bm, bn, _, _, _, per_sm = mma_params(cfg, p.dtype)
-    KT = _launch.cdiv(p.K, STAGE_K_BYTES // 2)
-    tiles = _launch.cdiv(p.M, bm) * _launch.cdiv(p.N, bn)
-    G = sm_count * per_sm
-    rounds = _launch.cdiv(tiles, G)
-    if KT == 0 or (not forced and (tiles <= G or (rounds - tiles / G) / rounds < STREAMK_MIN_GAIN)):
-        return None
-    dp_tiles = max(0, tiles // G - 1) * G
-    ta, tb = p.layout()
-    return StreamKPlan(_streamk_name(p.dtype, ta, tb), (G, 1, 1), (mma_threads(cfg, p.dtype),),
-                       mma_smem(cfg, p.dtype), dp_tiles, tiles - dp_tiles, 2 * G * bm * bn)
-
-
-def _launch_streamk(sk, p, props):
-    fn = KERNELS.function(sk.name)
-    _launch.request_smem(fn, sk.smem, props, "gemm_mma (stream-K)")
-    work = _arrays.cupy_module().empty(sk.work_words, dtype=np.float32)
-    fn(sk.grid, sk.block, p.args() + (np.int32(sk.dp_tiles), work, _arrays.tickets(sk.shared_tiles)),
-       shared_mem=sk.smem)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,13 +218,9 @@ def launch(impl, p, config=None):
     props = _launch.device_props()
     pl = _launch.memo(_PLANS, (impl, p.shape_key(), config, props.sm_count),
                       lambda: (split_plan(impl, p, config, props.sm_count)
-                               or streamk_plan(impl, p, config, props.sm_count)
                                or plan(impl, p, config, props.sm_count)))
     if isinstance(pl, SplitPlan):
         _launch_split(pl, p, props)
-        return
-    if isinstance(pl, StreamKPlan):
-        _launch_streamk(pl, p, props)
         return
     name, grid, block, smem = pl
     fn = KERNELS.function(name)
