@@ -98,7 +98,9 @@ def test_flat_plan_of_a_whole_array():
 def test_vector_group():
     assert reduce.vector_group(17, 4) == 4
     assert reduce.vector_group(8192, 4) == 256  # 8 vectors a thread: 2 batches of 4
-    assert reduce.vector_group(1024, 2) == 16
+    assert reduce.vector_group(1024, 2) == 32  # a 2 KB row: one batch of 4 vectors a thread
+    assert reduce.vector_group(1024, 2, batches=2) == 16
+    assert reduce.vector_group(2048, 2) == 32  # 4 KB: two batches
     assert reduce.vector_group(16384, 4) == 256  # capped: 16 vectors a thread
     assert reduce.vector_group(1 << 20, 2) == 256
 

@@ -230,13 +230,22 @@ def split_plan(R, n, sm_count, impl, vec, *, min_len=None, per_sm=None):
 VECTOR_BLOCK = 128
 
 
-def vector_group(L, itemsize, *, batches=2, cap=256):
+# Rows of at most this many 16-byte vectors (2 KB) take one batch of loads a thread.
+SHORT_ROW_VECTORS = 128
+
+
+def vector_group(L, itemsize, *, batches=None, cap=256):
     """Threads per virtual row of reduce_rows_vector: enough that each thread runs about
-    ``batches`` batches of 4 16-byte loads, 4 to ``cap`` (2 and 256 by default). Measured
-    (benchmarks/reduce_probe.py, H100): two batches beat four on 2-byte rows and whole arrays (+2-4 %) and on 4096- and
-    8192-long float32 rows; groups of 512 lose 4-8 % on float32 segments of 16K
-    elements, which therefore keep 256 threads and four batches."""
+    ``batches`` batches of 4 16-byte loads, 4 to ``cap`` threads. By default one batch for
+    rows of at most SHORT_ROW_VECTORS vectors, two otherwise. Measured
+    (benchmarks/reduce_probe.py, H100): two batches beat four on 2-byte rows and whole
+    arrays (+2-4 %) and on 4096- and 8192-long float32 rows; on 2 KB rows (65536x1024
+    2-byte) one batch beat two in four paired runs by 0.2-0.8 % (NOTES 45, 46); groups of
+    512 lose 4-8 % on float32 segments of 16K elements, which therefore keep 256 threads
+    and four batches."""
     nvec = _launch.cdiv(L * itemsize, 16)
+    if batches is None:
+        batches = 1 if nvec <= SHORT_ROW_VECTORS else 2
     return min(cap, builtins.max(4, _launch.pow2_ceil(_launch.cdiv(nvec, 4 * batches))))
 
 
