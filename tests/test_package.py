@@ -9,14 +9,20 @@ from cupyops import _kernels
 
 
 def test_import_is_cheap_and_lazy():
+    # The best of five new processes: a busy or throttled host only ever adds time (on the
+    # CPU-tier host, `import numpy` alone has measured anywhere from 0.09 to 1.8 s from one
+    # process to the next), so the minimum is what the import itself costs.
     code = (
         "import time, sys; t = time.perf_counter(); import cupyops; "
         "dt = time.perf_counter() - t; print(dt, 'cupy' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    dt, cupy_loaded = out.split()
-    assert float(dt) < 0.3, f"import cupyops took {dt} s"
-    assert cupy_loaded == "False", "import cupyops must not import CuPy"
+    times = []
+    for _ in range(5):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        dt, cupy_loaded = out.split()
+        assert cupy_loaded == "False", "import cupyops must not import CuPy"
+        times.append(float(dt))
+    assert min(times) < 0.3, f"import cupyops took {', '.join(f'{t:.3f}' for t in times)} s"
 
 
 def test_kernel_sources_are_package_data():

@@ -240,7 +240,7 @@ def vector_group(L, itemsize, *, batches=None, cap=256):
     rows of at most SHORT_ROW_VECTORS vectors, two otherwise. Measured
     (benchmarks/reduce_probe.py, H100): two batches beat four on 2-byte rows and whole
     arrays (+2-4 %) and on 4096- and 8192-long float32 rows; on 2 KB rows (65536x1024
-    2-byte) one batch beat two in four paired runs by 0.2-0.8 % (NOTES 45, 46); groups of
+    2-byte) one batch beat two by 0.2-2.5 % in every paired run (NOTES 45, 47); groups of
     512 lose 4-8 % on float32 segments of 16K elements, which therefore keep 256 threads
     and four batches."""
     nvec = _launch.cdiv(L * itemsize, 16)
