@@ -22,7 +22,7 @@ x = cp.random.standard_normal((1, 1024), dtype=cp.float32)
 y = cp.empty_like(x)
 cupyops.softmax(x)
 plan = _rows.plan(sm.KERNELS, "softmax", "auto", 1024, "float32", "online")
-args = (x, y, np.int64(1), np.int32(1024), *plan.tail, np.int32(1))
+args = (x, y, *plan.scalar_args(1, 1024, aligned=True))
 direct = _launch.DirectLaunch(plan.fn, (1,), (plan.block,), plan.smem, 2, args[2:])
 rows = {
     "cp.empty((1, 1024))": lambda: cp.empty((1, 1024), cp.float32),

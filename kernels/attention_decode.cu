@@ -105,6 +105,11 @@ __device__ __forceinline__ bool vec_ok(const T* p, i64 sb, i64 ss, i64 sh, int D
 // critical path (each is a chain of ~20 dependent instructions).
 __device__ __forceinline__ int member_of(int row, int Sq) { return Sq == 1 ? row : row / Sq; }
 __device__ __forceinline__ int pos_of(int row, int Sq) { return Sq == 1 ? 0 : row % Sq; }
+// Offset of row `row` in Q or O: base = the batch's offset, head0 = the KV head's first
+// query head.
+__device__ __forceinline__ i64 row_offset(i64 base, int head0, int row, int Sq, i64 ss, i64 sh) {
+    return base + pos_of(row, Sq) * ss + (i64)(head0 + member_of(row, Sq)) * sh;
+}
 
 // q / d and q % d for the block-index split; d is often 1 (one row tile, one split).
 __device__ __forceinline__ unsigned split_index(unsigned& q, unsigned d) {
@@ -281,7 +286,7 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
     // division by q_len a row, not one an element) after the ring's tiles, every load of a
     // thread issued before the first store. The first iteration's barrier publishes the
     // tile.
-    const i64 qbase = b * q_sb + (i64)hk * group * q_sh;  // row r: + i * q_ss + g * q_sh
+    const i64 qbase = b * q_sb;  // row_offset's base
     const bool q_vec = vec_ok(Q, q_sb, q_ss, q_sh, D);
     constexpr int QV = 16 / (int)sizeof(T);  // elements a chunk
     constexpr int QCH = DT / QV, QCHUNKS = RTP * QCH, QN = (QCHUNKS + THREADS - 1) / THREADS;
@@ -292,8 +297,7 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
             const int idx = tid + u * THREADS, r = idx / QCH, c = idx - r * QCH;
             qv[u] = make_uint4(0u, 0u, 0u, 0u);
             if (r < nrows && c * QV < D) {
-                const int row = r0 + r;
-                const i64 off = qbase + pos_of(row, Sq) * q_ss + (i64)member_of(row, Sq) * q_sh;
+                const i64 off = row_offset(qbase, hk * group, r0 + r, Sq, q_ss, q_sh);
                 qv[u] = *reinterpret_cast<const uint4*>(Q + off + c * QV);
             }
         }
@@ -312,8 +316,7 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
     } else {
         i64* qoff = reinterpret_cast<i64*>(qsm + QBYTES);  // [RTP]
         if (tid < nrows) {
-            const int row = r0 + tid;
-            qoff[tid] = qbase + pos_of(row, Sq) * q_ss + (i64)member_of(row, Sq) * q_sh;
+            qoff[tid] = row_offset(qbase, hk * group, r0 + tid, Sq, q_ss, q_sh);
         }
         __syncthreads();
         constexpr int QE = RTP * DT / THREADS;
@@ -588,10 +591,10 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
     // folded in (w = 2^(m_w - M) / L; 0 for a warp that saw no key, and for every warp when
     // the row saw none: O = 0), so that each output element is a 4-term dot product.
     {
-        const float* o_s = reinterpret_cast<const float*>(smem);
-        const float* m_s = o_s + NW * RTP * DT;
-        const float* l_s = m_s + NW * RTP;
-        float* w_s = reinterpret_cast<float*>(smem) + NW * RTP * (DT + 2);  // [RTP][NW], after l_s
+        float* o_s = reinterpret_cast<float*>(smem);
+        float* m_s = o_s + NW * RTP * DT;
+        float* l_s = m_s + NW * RTP;
+        float* w_s = l_s + NW * RTP;  // [RTP][NW]
         const i64 row0 = ((i64)b * Hkv + hk) * R + r0;  // LSE-order index of the tile's row 0
         if (tid < nrows) {
             const int r = tid;
@@ -624,8 +627,7 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
 #pragma unroll
             for (int w = 0; w < NW; ++w) o = fmaf(w_s[r * NW + w], o_s[(w * RTP + r) * DT + d], o);
             if (S == 1) {
-                const int rr = r0 + r;
-                O[b * o_sb + pos_of(rr, Sq) * o_ss + (i64)(hk * group + member_of(rr, Sq)) * o_sh + d] = from_f32<T>(o);
+                O[row_offset(b * o_sb, hk * group, r0 + r, Sq, o_ss, o_sh) + d] = from_f32<T>(o);
             } else {
                 work_o[((row0 + r) * S + s) * D + d] = o;
             }

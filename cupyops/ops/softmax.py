@@ -86,8 +86,8 @@ def softmax(x, axis=-1, out=None, *, impl="auto"):
             softmax_rows(impl, xd, y, dt)
             key = _fast_key(x, axis_arg, impl)  # CuPy is loaded now: the key holds the device
             # only a C-contiguous CuPy input (xd is x) would take the fast path next time
-            if xd is x and out is None and key is not None and key not in _FAST and len(_FAST) < _launch.MEMO_LIMIT:
-                _FAST[key] = _fast_call(impl, x.shape, x.dtype, dt)
+            if xd is x and out is None and key is not None:
+                _launch.memo(_FAST, key, lambda: _fast_call(impl, x.shape, x.dtype, dt))
         else:
             xt = cp.ascontiguousarray(cp.moveaxis(xd, axis, -1))
             yt = cp.empty_like(xt)
