@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+from unittest import mock
 
 import cupy as cp
 import numpy as np
@@ -29,37 +30,21 @@ def variants(forced_splits=()):
     """name -> context manager that changes the plan (module settings) for the variant:
     the default plan, the plan with every block's shared memory as sized, and each S of
     ``forced_splits`` in place of choose_splits' choice."""
-    out = {"default": contextlib.nullcontext, "as_sized": _as_sized}
+    out = {"default": contextlib.nullcontext, "as_sized": lambda: mock.patch.object(dec, "plan", _as_sized)}
     for S in forced_splits:
-        out[f"S{S}"] = lambda S=S: _forced_splits(S)
+        out[f"S{S}"] = lambda S=S: mock.patch.object(dec, "choose_splits", lambda tiles, *a, **k: min(S, tiles))
     return out
 
 
-@contextlib.contextmanager
-def _as_sized():
-    """Each launch asks for the shared memory its kernel uses, so as many blocks an SM are
-    resident as fit (two at head_dim 128): the plan before B64 went to one an SM (NOTES 44)."""
-    planned = dec.plan
-
-    def as_sized(*a, **k):
-        pl = planned(*a, **k)
-        return dataclasses.replace(pl, launch_smem=pl.smem)
-
-    dec.plan = as_sized
-    try:
-        yield
-    finally:
-        dec.plan = planned
+_planned = dec.plan
 
 
-@contextlib.contextmanager
-def _forced_splits(S):
-    chosen = dec.choose_splits
-    dec.choose_splits = lambda tiles, *a, **k: min(S, tiles)
-    try:
-        yield
-    finally:
-        dec.choose_splits = chosen
+def _as_sized(*a, **k):
+    """The plan with each launch asking for the shared memory its kernel uses, so as many
+    blocks an SM are resident as fit (two at head_dim 128): the plan before B64 went to one
+    an SM (NOTES 44)."""
+    pl = _planned(*a, **k)
+    return dataclasses.replace(pl, launch_smem=pl.smem)
 
 
 def main():

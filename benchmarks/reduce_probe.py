@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import time
+from unittest import mock
 
 import cupy as cp
 import numpy as np
@@ -52,17 +53,9 @@ CASES = [  # (op, dtype, shape, axis)
 
 
 # ------------------------------------------------------------------ variants
-@contextlib.contextmanager
 def patched(module, name, value, **more):
-    values = {name: value, **more}
-    saved = {k: getattr(module, k) for k in values}
-    for k, val in values.items():
-        setattr(module, k, val)
-    try:
-        yield
-    finally:
-        for k, val in saved.items():
-            setattr(module, k, val)
+    """A context that sets module.name = value (and the ``more`` names) and puts them back."""
+    return mock.patch.multiple(module, **{name: value, **more})
 
 
 def variants():

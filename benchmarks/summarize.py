@@ -43,11 +43,10 @@ def main(*paths):
         name = f"{op} {ax} {dt} {shape}"
         ratios = []
         for b in ("torch", "cupy"):
-            base = impls.get(b)
-            if not (base and base["status"] == "ok"):
+            ratio = _ratio(a, impls.get(b))
+            if ratio is None:
                 ratios.append("-")
                 continue
-            ratio = base["ms"] / a["ms"]
             shown = f"{ratio:.3f}x" if 0.995 <= ratio < 1.0 else f"{ratio:.2f}x"  # not "1.00x **miss**"
             ratios.append(shown + ("" if ratio >= 1.0 else " **miss**"))
             if ratio < 1.0:
@@ -105,23 +104,22 @@ def gemm_table(by_case):
         if a is None or a["status"] != "ok":
             continue
         cup, tor = impls.get("cupy"), impls.get("torch")
-        ratio = lambda r, b: f"{b['ms'] / r['ms']:.2f}x" if b and b["status"] == "ok" else "-"  # noqa: E731
         tgt = gemm_target(dt, shape)
         rung = impls.get(tgt[0]) if tgt else None
         cell_rung = cell_tf = cell_ratio = cell_tgt = ""
         if tgt and rung and rung["status"] == "ok":
             cell_rung, cell_tf = tgt[0], f"{rung['tflops']:.1f}"
-            # judged unrounded (0.9487 is under 0.95), shown to 3 places within 0.005 of it
-            exact = cup["ms"] / rung["ms"] if cup and cup["status"] == "ok" else None
+            # judged unrounded (0.9487 is under 0.95), shown to 3 places near it
+            exact = _ratio(rung, cup)
             ok = exact is not None and exact >= tgt[1]
-            near = exact is not None and abs(exact - tgt[1]) < 0.005
-            cell_ratio = "-" if exact is None else (f"{exact:.3f}x" if near else f"{exact:.2f}x")
+            cell_ratio = _x(exact, near=tgt[1])
             cell_tgt = f"{tgt[1]:.2f}" + ("" if ok else " **miss**")
             if not ok:
                 misses.append(f"matmul {tgt[0]} {dt} {shape}")
         if shape == "8192x8192x8192" and impls.get("mma", {}).get("status") == "ok":
             fp16_mma[dt] = impls["mma"]["tflops"]
-        print(f"| {dt} | {shape} | {a['ms']:.4f} | {a['tflops']:.1f} | {ratio(a, cup)} | {ratio(a, tor)} | "
+        print(f"| {dt} | {shape} | {a['ms']:.4f} | {a['tflops']:.1f} | {_x(_ratio(a, cup), near=None)} | "
+              f"{_x(_ratio(a, tor), near=None)} | "
               f"{cell_rung} | {cell_tf} | {cell_ratio} | {cell_tgt} |")
     if "int8" in fp16_mma and "float16" in fp16_mma:
         r = fp16_mma["int8"] / fp16_mma["float16"]
@@ -146,11 +144,12 @@ def _ratio(r, b):
     return b["ms"] / r["ms"] if ok(r) and ok(b) else None
 
 
-def _x(v):
-    """A ratio, to 3 places within half a percent of 1 (where the targets sit)."""
+def _x(v, near=1.0):
+    """A ratio, to 3 places within half a percent of ``near`` (where a target sits; None:
+    always 2)."""
     if v is None:
         return "-"
-    return f"{v:.3f}x" if 0.995 <= v < 1.005 else f"{v:.2f}x"
+    return f"{v:.3f}x" if near is not None and near - 0.005 <= v < near + 0.005 else f"{v:.2f}x"
 
 
 def _num(r, key, fmt):

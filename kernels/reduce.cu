@@ -104,10 +104,10 @@ __device__ __forceinline__ uint4 ldg_vec(const Tin* p, i64 i) {
 
 // Stream 16-byte vectors i, i + stride, ... of p (i < nvec) into UNROLL accumulators.
 // UNROLL independent loads are in flight before any is used, and the loop is
-// software-pipelined by hand: the next batch is issued before the
-// current one is widened and added. ptxas pipelines this loop by itself for float32 but
-// not for 2-byte types, whose SASS otherwise waits for each batch. Independent
-// accumulators: one chain of dependent adds would wait on the adder, not on memory.
+// software-pipelined by hand: the next batch is issued before the current one is widened
+// and added. ptxas pipelines this loop by itself for float32 but not for 2-byte types,
+// whose SASS otherwise waits for each batch. Independent accumulators: one chain of
+// dependent adds would wait on the adder, not on memory.
 template <typename Op, typename A, typename Tin, int UNROLL>
 __device__ __forceinline__ void stream_vectors(const Tin* __restrict__ p, i64 i, int stride,
                                               i64 nvec, A (&acc)[UNROLL]) {
