@@ -4,7 +4,10 @@ against the float64 reference, then timed (CUDA events, L2 flushed, median), sid
 with cupy.matmul (cuBLAS). The defaults in the launchers are chosen from this.
 
     python benchmarks/gemm_sweep.py [--json PATH] [--only pipelined,mma,skinny,mma_decode]
+                                    [--feeds tma,cp.async]
 Prints one line per configuration: impl dtype MxNxK layout config ms TFLOP/s ratio-to-cuBLAS.
+For the 16-bit ``mma`` rows each configuration runs once per stage feed (``--feeds``: the
+sm_90 tensor copies, where the device has them, and cp.async), labelled config/feed.
 """
 import argparse
 import json
@@ -45,6 +48,7 @@ def main():
     ap.add_argument("--only", default="pipelined,mma,skinny")
     ap.add_argument("--layouts", default="nn,nt", help="nn: a @ b; nt: a @ b.T (B stored N x K)")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--feeds", default="tma,cp.async", help="stage feeds of the 16-bit mma rows")
     args = ap.parse_args()
     flush = L2Flusher()
     results = []
@@ -68,8 +72,11 @@ def main():
                       f"{flops / base / 1e9:7.1f} TFLOP/s", flush=True)
             for lay in args.layouts.split(","):
                 p = problem(a, b if lay == "nn" else bt, d, False, lay == "nt")
-                for cfg in (None, *mod.CONFIGS.get(impl, ())):
-                    label = cfg or "default"
+                feeds = args.feeds.split(",") if impl == "mma" and dt in G._gemm_mma.TMA_TYPES else [None]
+                for cfg, feed in [(c, f) for c in (None, *mod.CONFIGS.get(impl, ())) for f in feeds]:
+                    label = (cfg or "default") + (f"/{feed}" if feed else "")
+                    if feed:
+                        G._gemm_mma.TMA_FEED = feed == "tma"
                     try:
                         d.fill(0)
                         mod.launch(impl, p, cfg)

@@ -20,6 +20,8 @@
 //                   16-byte cp.async, fragments of k-step s+1 loaded while the mma of s
 //                   issue, 64x64 warp tiles (32 mma per 8 ldmatrix), grouped block order
 //                   for L2 reuse, epilogue staged through shared memory for 16-byte stores.
+//                   On sm_90 (gemm_mma_tma), when both operands are K-contiguous, the
+//                   ring is filled by two tensor copies a stage instead (TMA, mbarriers).
 //   3. gemm_mma_s8  the same pipeline with mma.sync m16n8k32 s8 -> s32 (2x the fp16 rate).
 //                   The mma wants 4 consecutive k in every register of both operands and
 //                   ldmatrix.trans moves 16-bit elements, so an M- or N-contiguous int8
@@ -38,6 +40,8 @@
 //       block 32 * (BM / WM) * (BN / WN); grid (cdiv(M, BM) * cdiv(N, BN), 1, batch');
 //       dynamic shared memory max(STAGES * (BM + BN) * 128, BM * (BN + 8) * 4) bytes (a
 //       stage holds 128 bytes of K: BK = 64 for 16-bit types, 128 for int8).
+//   gemm_mma_tma<T, false, true, ...>: the same geometry, 8 * STAGES + 1024 bytes more
+//       shared memory (the stages' mbarriers, the ring's 1024-byte alignment).
 //   batch' = min(batch, 65535); every kernel loops z over the rest of the stack, and the
 //   1-D tile grids loop over tiles past gridDim.x.
 #include "gemm_common.cuh"
@@ -240,14 +244,28 @@ struct Operand {
 // covers min(ks, K - z * ks) of K, and it stores its fp32 accumulators as they are into
 // the M x N slice z of the workspace D (really float*), without alpha, beta or C; then
 // gemm_splitk_reduce adds the slices in order and applies the epilogue.
-template <typename T, bool TA, bool TB, int BM, int BN, int WM, int WN, int STAGES, bool SPLIT = false>
-__device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks) {
+// TMA (sm_90, 16-bit, both operands K-contiguous, not SPLIT): the stages are filled by
+// tensor copies instead of cp.async. A stage is one box of each operand, 128 bytes of K by
+// BM (A) or BN (B) rows, which the copy engine writes with the 128-byte swizzle: exactly
+// the KC arrangement above, so the fragments load as they do from cp.async. Thread 0
+// announces the stage's bytes on the stage's mbarrier and issues both copies from the
+// tensor maps mapA and mapB (rank 3: the batch is the outer dimension; a broadcast
+// operand's map has one entry, read at z = 0); every thread waits on the mbarrier where
+// the cp.async path waits for its groups. The copies zero-fill past the edges, so edge
+// tiles need no guards. (M/N-contiguous operands stay on cp.async: as 64 x 64 boxes into
+// 64-wide blocks they ran 3-5 % slower than cp.async, NOTES 50.)
+template <typename T, bool TA, bool TB, int BM, int BN, int WM, int WN, int STAGES, bool SPLIT = false,
+          bool TMA = false>
+__device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks, const TmaMap* mapA = nullptr,
+                                              const TmaMap* mapB = nullptr) {
     typedef typename GemmTypes<T>::Acc Acc;
     typedef typename GemmTypes<T>::Out Out;
     constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
     constexpr int MT = WM / 16, NT = WN / 8, NP = NT / 2, KSTEPS = 4, BK = 128 / sizeof(T);
     typedef Operand<T, TA ? MC : KC, BM, THREADS, true> OpA;
     typedef Operand<T, TB ? KC : MC, BN, THREADS, false> OpB;
+    static_assert(!TMA || (!TA && TB && !SPLIT && sizeof(T) == 2 && BM <= 256 && BN <= 256),
+                  "the TMA feed: whole 16-bit products, K-contiguous operands, boxes of at most 256 rows");
     // int8 MC fragments interleave their m (A) / n (B) rows: see regroup_k4.
     constexpr bool ROWS_IL = OpA::MC8, COLS_IL = OpB::MC8;
     constexpr int STAGE = OpA::BYTES + OpB::BYTES;
@@ -262,8 +280,12 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks) {
     static_assert((MT & (MT - 1)) == 0 && (NP & (NP - 1)) == 0, "frag_xor needs power-of-2 fragment counts");
     static_assert(KSTEPS % 2 == 0, "fragment double buffer parity");
 
+    // The 128-byte swizzle of the tensor copies follows address bits 7-9, so the TMA ring
+    // starts at the first 1024-byte boundary (the launcher asks for 1 KB more).
     extern __shared__ __align__(1024) unsigned char gemm_smem[];
-    const unsigned s0 = smem_u32(gemm_smem);
+    const unsigned raw0 = smem_u32(gemm_smem);
+    const unsigned s0 = TMA ? (raw0 + 1023u) & ~1023u : raw0;
+    unsigned char* const smem = gemm_smem + (s0 - raw0);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm0 = (warp / WARPS_N) * WM, wn0 = (warp % WARPS_N) * WN;
     const unsigned fa = OpA::frag_base(wm0, lane), fb = OpB::frag_base(wn0, lane);
@@ -273,7 +295,26 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks) {
     const bool dc_vec = gemm_vec_ok(D, ldd, sD) && (beta == 0 || gemm_vec_ok(C, ldc, sC));
     const int tm = (M + BM - 1) / BM, tn = (N + BN - 1) / BN, tiles = tm * tn;
 
+    // TMA: stage st's mbarrier lies after the ring and the epilogue's staging area (the
+    // launcher's mma_smem counts it); one arrival (thread 0's) plus the stage's bytes
+    // complete a phase; bit st of `phase` is the parity of the stage's next completion.
+    constexpr int RING = STAGES * STAGE, STAGING = BM * CS_LD * (int)sizeof(Acc);
+    const unsigned bar0 = s0 + ((RING > STAGING ? RING : STAGING) + 7) / 8 * 8;
+    unsigned phase = 0;
+    if constexpr (TMA) {
+        if (tid == 0)
+#pragma unroll
+            for (int st = 0; st < STAGES; ++st) mbar_init(bar0 + 8 * st, 1);
+        mbar_init_fence();
+        __syncthreads();
+    }
+    auto wait_stage = [&](int st) {
+        mbar_wait(bar0 + 8 * st, (phase >> st) & 1u);
+        phase ^= 1u << st;
+    };
+
     for (int z = blockIdx.z; z < batch; z += gridDim.z) {
+        const int za = sA != 0 ? z : 0, zb = sB != 0 ? z : 0;  // tensor-map batch coordinates
         const T* Az = A + z * sA;
         const T* Bz = B + z * sB;
         const int Kz = SPLIT ? min(ks, K - z * ks) : K;
@@ -293,11 +334,20 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks) {
 
             unsigned af[NB][MT][4], bf[NB][NP][4];  // (double-buffered) fragments
 
-            // Start the cp.async copies of k-tile kt into stage st.
+            // Start the copies of k-tile kt into stage st (cp.async; TMA: see above).
             auto issue = [&](int kt, int st) {
                 const unsigned sa = s0 + st * STAGE, sb = sa + OpA::BYTES;
-                OpA::issue(sa, Az, lda, m0, kt * BK, M, Kz, a_vec, tid);
-                OpB::issue(sb, Bz, ldb, n0, kt * BK, N, Kz, b_vec, tid);
+                if constexpr (TMA) {
+                    if (tid == 0) {
+                        const unsigned bar = bar0 + 8 * st;
+                        mbar_arrive_tx(bar, STAGE);
+                        tma_load_3d(sa, mapA, kt * BK, m0, za, bar);
+                        tma_load_3d(sb, mapB, kt * BK, n0, zb, bar);
+                    }
+                } else {
+                    OpA::issue(sa, Az, lda, m0, kt * BK, M, Kz, a_vec, tid);
+                    OpB::issue(sb, Bz, ldb, n0, kt * BK, N, Kz, b_vec, tid);
+                }
             };
             auto load_frags = [&](int buf, int st, int ks) {
                 const unsigned sa = s0 + st * STAGE, sb = sa + OpA::BYTES;
@@ -312,9 +362,13 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks) {
 #pragma unroll 1
             for (int st = 0; st < STAGES - 1; ++st) {
                 if (st < KT) issue(st, st);
-                cp_commit();
+                if constexpr (!TMA) cp_commit();
             }
-            cp_wait<STAGES - 2>();
+            if constexpr (TMA) {
+                if (KT > 0) wait_stage(0);
+            } else {
+                cp_wait<STAGES - 2>();
+            }
             __syncthreads();
             if constexpr (FDB) load_frags(0, 0, 0);
 
@@ -324,16 +378,20 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks) {
                 // the previous barrier) with k-tile kt + STAGES - 1.
                 const int nk = kt + STAGES - 1;
                 if (nk < KT) issue(nk, ws);
-                cp_commit();
+                if constexpr (!TMA) cp_commit();
 #pragma unroll
                 for (int ks = 0; ks < KSTEPS; ++ks) {
                     if constexpr (!FDB) load_frags(0, rs, ks);  // before the barrier moves rs
                     if (ks == KSTEPS - 1) {
                         // k-tile kt+1 has landed (groups retire in order; the STAGES-2
-                        // younger ones may still fly); the barrier publishes it and
-                        // retires every warp's reads of tile kt's fragments except the
-                        // last k-step's, already in registers.
-                        cp_wait<STAGES - 2>();
+                        // younger ones may still fly; TMA: its stage's mbarrier); the
+                        // barrier publishes it and retires every warp's reads of tile kt's
+                        // fragments except the last k-step's, already in registers.
+                        if constexpr (TMA) {
+                            if (kt + 1 < KT) wait_stage(rs + 1 == STAGES ? 0 : rs + 1);
+                        } else {
+                            cp_wait<STAGES - 2>();
+                        }
                         __syncthreads();
                         rs = rs + 1 == STAGES ? 0 : rs + 1;
                         ws = ws + 1 == STAGES ? 0 : ws + 1;
@@ -357,9 +415,9 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks) {
             // Fragment row g / g+8 is tile row g / g+8, or 2g / 2g+1 when ROWS_IL; with
             // COLS_IL the n8 tile pair (2p, 2p+1) holds columns 16p + 4t + {0, 2} and
             // {1, 3}: four consecutive words per row, stored together.
-            cp_wait<0>();
+            if constexpr (!TMA) cp_wait<0>();  // (TMA: every fill was waited for)
             __syncthreads();  // every warp is done reading the ring
-            Acc* cs = reinterpret_cast<Acc*>(gemm_smem);
+            Acc* cs = reinterpret_cast<Acc*>(smem);
             const int g = lane >> 2, t = lane & 3;
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
@@ -441,6 +499,9 @@ __device__ __forceinline__ void gemm_mma_body(GEMM_PARAMS(T), int ks) {
                     }
                 }
             }
+            // TMA: this thread's shared-memory accesses (generic proxy) come before the
+            // next tile's tensor copies (async proxy) into the same bytes.
+            if constexpr (TMA) fence_proxy_async();
             __syncthreads();  // the next tile's prologue overwrites cs
         }
     }
@@ -622,6 +683,25 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB) gemm_mma(GEM
     static_assert(sizeof(T) == 2, "gemm_mma is the 16-bit rung; int8 is gemm_mma_s8");
     gmma::gemm_mma_body<T, TA, TB, BM, BN, WM, WN, STAGES>(A, B, C, D, M, N, K, lda, ldb, ldc, ldd, sA, sB, sC, sD,
                                                            batch, alpha, beta, K);
+}
+
+// gemm_mma_tma: gemm_mma with its stages filled by sm_90 tensor copies (see TMA above),
+// for A stored M x K and B stored N x K (TA = false, TB = true: x @ W^T with W as a linear
+// layer stores it). mapA and mapB describe them as rank-3 tensors of 16-bit elements,
+// innermost first (K, M, batch) and (K, N, batch), with the 128-byte swizzle and boxes of
+// 64 x BM and 64 x BN x 1; _gemm_mma.tma_maps builds them. The launcher runs it on sm_90
+// and later only, with both operands 16-byte aligned; compiled for an earlier target it
+// traps.
+template <typename T, bool TA, bool TB, int BM, int BN, int WM, int WN, int STAGES, int MINB>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB)
+    gemm_mma_tma(GEMM_PARAMS(T), const __grid_constant__ cuops::TmaMap mapA, const __grid_constant__ cuops::TmaMap mapB) {
+    static_assert(sizeof(T) == 2, "the TMA feed is instantiated for the 16-bit types");
+#if __CUDA_ARCH__ >= 900
+    gmma::gemm_mma_body<T, TA, TB, BM, BN, WM, WN, STAGES, false, true>(
+        A, B, C, D, M, N, K, lda, ldb, ldc, ldd, sA, sB, sC, sD, batch, alpha, beta, K, &mapA, &mapB);
+#else
+    __trap();
+#endif
 }
 
 // gemm_mma_splitk: the split-K pass of gemm_mma for decode shapes (float16 / bfloat16,

@@ -27,6 +27,79 @@ template <int N> __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// ---- sm_90 tensor copies (TMA) tracked by mbarriers.
+// A tensor map (CUtensorMap, built on the host by cuTensorMapEncodeTiled: cupyops/_tma.py)
+// describes a global array and the box one copy moves; kernels take it by value as a
+// __grid_constant__ parameter and hand the copy engine its address. The wrappers compile
+// for every target (the kernels are instantiated for sm_80 too); before sm_90 the
+// tensor-copy ones trap, and the launchers never run them there.
+struct __align__(64) TmaMap {
+    unsigned long long words[16];
+};
+
+// A ring stage's mbarrier: initialised with the number of arrivals a phase needs; a
+// consumer waits for the parity of the phase it needs (it flips with every completion).
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// After the inits, before the copy engine or other threads use the barriers.
+__device__ __forceinline__ void mbar_init_fence() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// Wait until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+#if __CUDA_ARCH__ >= 900
+        asm volatile(
+            "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+#else
+        asm volatile(
+            "{\n\t.reg .pred p;\n\tmbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+#endif
+    } while (!done);
+}
+// One arrival that also announces `bytes` of tensor copies the phase must wait for
+// (announced before the copies are issued, so the transaction count never runs ahead).
+__device__ __forceinline__ void mbar_arrive_tx(unsigned bar, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+// Copy the box of tensor map `map` at element coordinates (c0, c1, c2) (innermost first;
+// what lies outside the tensor reads as zeros) into shared memory at dst (1024-byte
+// aligned for the 128-byte swizzle); its bytes complete on mbarrier `bar`.
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, int c0, int c1, int c2, unsigned bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+#else
+    __trap();
+#endif
+}
+// Orders this thread's generic-proxy shared-memory accesses before later tensor copies
+// (async proxy) into the same bytes.
+__device__ __forceinline__ void fence_proxy_async() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
 // Byte offset of 16-byte chunk c of row r in a shared tile of `row_bytes`-byte rows,
 // XOR-swizzled (chunk c of row r lives at chunk c ^ (r & 7)): ldmatrix reading 8 rows at one
 // chunk, and 8 lanes writing the chunks of one row, each hit 8 distinct bank groups. Rows

@@ -216,11 +216,16 @@ def test_every_plan_names_an_instantiated_kernel_within_limits(M, N, K):
                         p = _problem(dt, M, N, K, tb, batch=70000 if M == 1 else 1)
                         p.ta = ta
                         for cfg in (None, *mod.CONFIGS.get(impl, ())):
-                            name, grid, block, smem = plan(impl, p, cfg, 132)
-                            assert name in mod.KERNELS.name_expressions, name
-                            assert grid[0] < 2**31 and grid[1] <= 65535 and grid[2] <= 65535
-                            assert 0 < grid[0] * grid[1] and 1 <= _prod(block) <= 1024
-                            assert smem <= SMEM_OPTIN, (name, smem)
+                            # mma: the cp.async feed, and the sm_90 tensor-copy one
+                            for tma in (False, True) if mod is G._gemm_mma else (False,):
+                                pl = plan(impl, p, cfg, 132, tma=True) if tma else plan(impl, p, cfg, 132)
+                                name, grid, block, smem = pl
+                                assert name in mod.KERNELS.name_expressions, name
+                                assert name.startswith("gemm_mma_tma<") == (
+                                    tma and impl == "mma" and dt in ("float16", "bfloat16") and not ta and tb), name
+                                assert grid[0] < 2**31 and grid[1] <= 65535 and grid[2] <= 65535
+                                assert 0 < grid[0] * grid[1] and 1 <= _prod(block) <= 1024
+                                assert smem <= SMEM_OPTIN, (name, smem)
 
 
 def _prod(t):
@@ -258,3 +263,52 @@ def test_mma_split_k_covers_k(M, N, K):
         assert sp.splits >= 2 and sp.ks % 64 == 0
         assert (sp.splits - 1) * sp.ks < K <= sp.splits * sp.ks  # no empty split, all of K
         assert sp.splits <= 65535 and sp.grid[0] * 3 <= 132
+
+
+class _Dev:
+    """A stand-in for a CuPy array: only the device address tma_maps reads."""
+
+    def __init__(self, ptr):
+        self.data = type("Ptr", (), {"ptr": ptr})()
+
+
+def _tma_problem(ta, tb, M=300, N=520, K=712, lda=None, ldb=None, sA=0, sB=0, batch=1, a_ptr=1 << 20):
+    from cupyops.ops._gemm_problem import GemmProblem
+
+    lda = lda or (M if ta else K)
+    ldb = ldb or (K if tb else N)
+    return GemmProblem("bfloat16", ta, tb, M, N, K, _Dev(a_ptr), _Dev(2 << 20), None, None, lda, ldb, N, N,
+                       sA, sB, 0, 0, batch, 1.0, 0.0)
+
+
+def test_tma_maps_describe_both_k_contiguous_operands(monkeypatch):
+    # A (M x K) and B (N x K) as (K, rows, batch) 16-bit elements, rows ld * 2 bytes apart,
+    # in boxes of 64 x (tile rows) x 1
+    mod = G._gemm_mma
+    calls = []
+    monkeypatch.setattr(mod._tma, "encode_tiled", lambda *a: calls.append(a) or ("map", len(calls)))
+    p = _tma_problem(False, True, M=296, sA=712 * 296 + 8, batch=3)
+    assert mod.tma_maps(p, "128x256") == (("map", 1), ("map", 2))
+    (a_ptr, a_dims, a_strides, a_box), (b_ptr, b_dims, b_strides, b_box) = calls
+    assert (a_ptr, b_ptr) == (1 << 20, 2 << 20)
+    assert a_dims == (712, 296, 3) and a_strides == (2 * 712, 2 * p.sA) and a_box == (64, 128, 1)
+    # B does not step with the batch (sB = 0): one entry, whose stride is never used
+    assert b_dims == (712, 520, 1) and b_strides[0] == 2 * 712 and b_strides[1] % 16 == 0
+    assert b_box == (64, 256, 1)
+
+
+def test_tma_maps_refuse_what_tensor_copies_cannot_read(monkeypatch):
+    mod = G._gemm_mma
+    monkeypatch.setattr(mod._tma, "encode_tiled", lambda *a: "map")
+    assert mod.tma_maps(_tma_problem(False, True), "128x128") == ("map", "map")
+    for p in (_tma_problem(False, True, a_ptr=(1 << 20) + 2),  # start not 16-byte aligned
+              _tma_problem(False, True, K=701),  # rows 1402 bytes apart
+              _tma_problem(False, True, sA=712 * 300 + 4, batch=2),  # batch stride
+              _tma_problem(False, True, K=0),  # nothing to copy
+              _tma_problem(False, False), _tma_problem(True, True), _tma_problem(True, False)):  # layouts
+        assert mod.tma_maps(p, "128x128") is None
+    p = _tma_problem(False, True)
+    p.dtype = "int8"  # the int8 rung keeps cp.async
+    assert mod.tma_maps(p, "128x128") is None
+    monkeypatch.setattr(mod._tma, "encode_tiled", lambda *a: None)  # the driver refuses
+    assert mod.tma_maps(_tma_problem(False, True), "128x128") is None

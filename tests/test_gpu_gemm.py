@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cupyops
-from cupyops import _dtypes, reference
+from cupyops import _dtypes, _launch, reference
 from cupyops.ops import gemm as G
 
 pytestmark = pytest.mark.gpu
@@ -328,3 +328,47 @@ def test_every_tile_config_every_layout(impl, dtype, cfg):
             (p,) = G._problems(dtype, ta, tb, M, N, K, da, db, None, d, (), 1, 0, cp)
             G._LAUNCHERS[impl].launch(impl, p, cfg)
             check(d, ref, dtype, K, f"{impl} {dtype} {cfg} ta={ta} tb={tb} {how}")
+
+
+
+def tma_cases():
+    for cfg in G._gemm_mma.CONFIGS["mma"]:
+        for dtype in G._gemm_mma.TMA_TYPES:
+            yield pytest.param(dtype, cfg, id=f"{dtype}-{cfg}")
+
+
+@pytest.mark.parametrize("dtype,cfg", list(tma_cases()))
+def test_tma_feed_every_config_every_layout(dtype, cfg, monkeypatch):
+    # sm_90: aligned 16-bit operands that are both K-contiguous (trans_b) run gemm_mma_tma
+    # (tensor copies, mbarriers); the other layouts keep cp.async. Every extent is a
+    # multiple of 8 elements (16-byte rows) and none is a multiple of a tile, so every edge
+    # is a zero-filled box; the stacks cover the batch coordinate and a broadcast operand.
+    # The same cases with the feed switched off run the cp.async kernel on the same operands.
+    cp = _cp()
+    if _launch.device_props().cc < 90:
+        pytest.skip("tensor copies need sm_90")
+    mod = G._gemm_mma
+    launched = []
+    real = mod.KERNELS.function
+    monkeypatch.setattr(mod.KERNELS, "function", lambda name: launched.append(name) or real(name))
+    rng = np.random.default_rng()
+    M, N, K = 296, 520, 712
+    for feed in (True, False):
+        monkeypatch.setattr(mod, "TMA_FEED", feed)
+        for ta, tb in LAYOUTS:
+            for batch_a, batch_b in (((), ()), ((3,), (1,)), ((2,), (2,))):
+                a = rand(rng, batch_a + ((K, M) if ta else (M, K)), dtype)
+                b = rand(rng, batch_b + ((N, K) if tb else (K, N)), dtype)
+                batch = np.broadcast_shapes(batch_a, batch_b)
+                c = rand(rng, batch + (M, N), dtype)
+                ref = reference.gemm(a, b, c, 1.5, -0.5, ta, tb)
+                d = poisoned(batch + (M, N), _dtypes.to_dtype(dtype))
+                del launched[:]
+                for p in G._problems(dtype, ta, tb, M, N, K, cp.asarray(a), cp.asarray(b), cp.asarray(c), d,
+                                     batch, 1.5, -0.5, cp):
+                    mod.launch("mma", p, cfg)
+                what = f"mma {dtype} {cfg} feed={'tma' if feed else 'cp.async'} ta={ta} tb={tb} {batch_a}/{batch_b}"
+                check(d, ref, dtype, K, what)
+                tma = feed and not ta and tb
+                assert launched and all(n.startswith("gemm_mma_tma<" if tma else "gemm_mma<") for n in launched), (
+                    what, launched)

@@ -1,0 +1,98 @@
+"""Tensor maps for sm_90 tensor copies (TMA), encoded on the host through the CUDA driver.
+
+A tensor map (``CUtensorMap``, 128 bytes) describes a strided global array and the box one
+``cp.async.bulk.tensor`` moves into shared memory, with the swizzle it applies there.
+``cuTensorMapEncodeTiled`` lives in the driver library (``libcuda``), which CuPy does not
+wrap, so it is called here through ctypes. A kernel takes the map by value as a
+``__grid_constant__`` parameter (``cuops::TmaMap`` in kernels/ptx.cuh); ``launch``
+passes it by value through the driver's ``cuLaunchKernel`` (the driver copies each
+parameter as the kernel declares it), with the other arguments packed as CuPy would.
+
+``encode_tiled`` returns None when the driver has no such entry point or refuses the
+description (a stride that is not a multiple of 16 bytes, a misaligned address, a box or
+dimension out of range): the callers then keep their cp.async path.
+"""
+import ctypes
+import functools
+
+import numpy as np
+
+MAP_BYTES = 128
+# The kernel-parameter image of one map (passed by value; alignment is the kernel's).
+MAP_DTYPE = np.dtype({"names": ["words"], "formats": [(np.uint64, (MAP_BYTES // 8,))]})
+
+# CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+# CUtensorMapFloatOOBfill (cuda.h): the values used here.
+DATA_UINT16 = 1  # 16-bit elements moved as they are (float16 and bfloat16 alike)
+INTERLEAVE_NONE = 0
+SWIZZLE_128B = 3
+L2_PROMOTION_256B = 3
+OOB_FILL_ZEROS = 0
+
+_u64p = ctypes.POINTER(ctypes.c_uint64)
+_u32p = ctypes.POINTER(ctypes.c_uint32)
+
+
+@functools.lru_cache(maxsize=None)
+def _encoder():
+    """cuTensorMapEncodeTiled from the driver library, or None where there is none."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuTensorMapEncodeTiled
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, _u64p, _u64p, _u32p, _u32p,
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return fn
+
+
+def available():
+    return _encoder() is not None
+
+
+@functools.lru_cache(maxsize=1024)
+def encode_tiled(address, dims, strides, box, swizzle=SWIZZLE_128B, data_type=DATA_UINT16):
+    """The tensor map of the array at device ``address`` with extents ``dims`` (elements,
+    innermost first), byte ``strides`` of dimensions 1.. (one fewer than ``dims``), moved in
+    boxes of ``box`` elements; as ``MAP_DTYPE`` scalar, or None if the driver refuses it.
+    Memoized: a map is a pure function of its arguments (the benchmark's repeated calls and
+    a model's repeated shapes encode once)."""
+    fn = _encoder()
+    rank = len(dims)
+    if fn is None or len(strides) != rank - 1 or len(box) != rank:
+        return None
+    out = np.zeros(1, MAP_DTYPE)
+    c_dims = (ctypes.c_uint64 * rank)(*dims)
+    c_strides = (ctypes.c_uint64 * max(rank - 1, 1))(*strides)
+    c_box = (ctypes.c_uint32 * rank)(*box)
+    c_elem = (ctypes.c_uint32 * rank)(*([1] * rank))
+    err = fn(out.ctypes.data, data_type, rank, address, c_dims, c_strides, c_box, c_elem, INTERLEAVE_NONE,
+             swizzle, L2_PROMOTION_256B, OOB_FILL_ZEROS)
+    if err != 0:
+        return None
+    return out[0]
+
+
+_SCALARS = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint64": ctypes.c_uint64, "float32": ctypes.c_float}
+
+
+def launch(fn, grid, block, args, shared_mem=0):
+    """Launch ``fn`` (a ``cupy.RawKernel`` or its ``Function``) on CuPy's current stream with
+    ``args``: CuPy arrays (passed as their device addresses), NumPy scalars of the types in
+    ``_SCALARS``, and ``MAP_DTYPE`` tensor maps (passed by value)."""
+    import cupy
+
+    slots = []
+    for a in args:
+        if isinstance(a, np.void) and a.dtype == MAP_DTYPE:
+            slots.append((ctypes.c_uint8 * MAP_BYTES).from_buffer_copy(a.tobytes()))
+        elif hasattr(a, "data") and hasattr(a.data, "ptr"):
+            slots.append(ctypes.c_uint64(a.data.ptr))
+        else:
+            slots.append(_SCALARS[np.asarray(a).dtype.name](a.item()))
+    params = (ctypes.c_void_p * len(slots))(*[ctypes.addressof(v) for v in slots])
+    func = getattr(fn, "kernel", fn)
+    grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
+    cupy.cuda.driver.launchKernel(func.ptr, *grid, *block, int(shared_mem), cupy.cuda.get_current_stream().ptr,
+                                  ctypes.addressof(params), 0)
