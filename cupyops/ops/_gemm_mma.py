@@ -27,7 +27,7 @@ On sm_90 and later, a float16 / bfloat16 ``mma`` product with both operands K-co
 16-byte aligned (start, rows and batch stride) runs ``gemm_mma_tma``: the same kernel with
 its stages filled by tensor copies (TMA: one thread issues one copy per operand a stage,
 completion on mbarriers) instead of every thread's cp.async; its operands are described
-by tensor maps encoded on the host (``tma_maps``, cupyops/_tma.py). Measured 3-5 % faster
+by tensor maps encoded on the host (``tma_maps``, cupyops/_tma.py). Measured 5-7 % faster
 than cp.async there; for M/N-contiguous operands tensor copies were 3-5 % slower (NOTES
 50), so the other layouts, unaligned operands, and ``TMA_FEED = False`` (the sweep
 compares the two feeds) keep the cp.async feed.
