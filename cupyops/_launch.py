@@ -114,7 +114,61 @@ def request_smem(kernel, nbytes, props, what):
             _smem_opted[key] = nbytes
 
 
-# ------------------------------------------------------------------ a launch packed once
+# ------------------------------------------------------------------ launches through the driver
+# C types of the NumPy scalars a kernel takes (the conversion CuPy's own launch makes).
+_C_SCALARS = {
+    "int32": ctypes.c_int32, "uint32": ctypes.c_uint32, "int64": ctypes.c_int64,
+    "uint64": ctypes.c_uint64, "float32": ctypes.c_float, "float64": ctypes.c_double,
+}
+
+
+def _c_scalar(v):
+    v = np.asarray(v)
+    ctype = _C_SCALARS.get(v.dtype.name)
+    if ctype is None:
+        raise TypeError(f"no C type for a scalar kernel argument of dtype {v.dtype}")
+    return ctype(v.item())
+
+
+def _driver(driver_launch, current_stream):
+    """CuPy's cuLaunchKernel and current stream, unless stand-ins are given (CPU tier)."""
+    if driver_launch is None or current_stream is None:
+        import cupy
+
+        driver_launch = driver_launch or cupy.cuda.driver.launchKernel
+        current_stream = current_stream or cupy.cuda.get_current_stream
+    return driver_launch, current_stream
+
+
+def _head(fn, grid, block, smem):
+    """(the CUfunction's holder, cuLaunchKernel's function and geometry arguments)."""
+    grid, block = tuple(grid), tuple(block)
+    if not (1 <= len(grid) <= 3 and 1 <= len(block) <= 3):
+        raise ValueError(f"grid {grid} and block {block} need 1 to 3 dimensions")
+    # a RawKernel (what RawModule.get_function returns) holds its cupy.cuda.function.Function
+    func = getattr(fn, "kernel", fn)
+    return func, (func.ptr, *grid, *(1,) * (3 - len(grid)), *block, *(1,) * (3 - len(block)), int(smem))
+
+
+def launch_with_structs(fn, grid, block, smem, args, *, driver_launch=None, current_stream=None):
+    """Launch ``fn`` on CuPy's current stream through ``cuLaunchKernel`` with ``args``:
+    CuPy arrays (their device addresses), NumPy scalars, and ``bytes`` passed by value as
+    a struct of that many bytes (a TMA tensor map: cupyops/_tma.py), which CuPy's launch
+    does not take. The driver copies each parameter as the kernel declares it."""
+    driver_launch, current_stream = _driver(driver_launch, current_stream)
+    _, head = _head(fn, grid, block, smem)
+    slots = []
+    for a in args:
+        if isinstance(a, bytes):
+            slots.append((ctypes.c_uint8 * len(a)).from_buffer_copy(a))
+        elif isinstance(a, np.generic):
+            slots.append(_c_scalar(a))
+        else:
+            slots.append(ctypes.c_uint64(a.data.ptr))
+    params = (ctypes.c_void_p * len(slots))(*[ctypes.addressof(v) for v in slots])
+    driver_launch(*head, current_stream().ptr, ctypes.addressof(params), 0)
+
+
 class DirectLaunch:
     """One kernel launch whose geometry and scalar arguments are fixed, issued through the
     driver's ``cuLaunchKernel`` from a parameter block packed once; a call only writes the
@@ -133,35 +187,15 @@ class DirectLaunch:
     and ``current_stream`` stand in for CuPy's (the CPU tier checks the packing through
     them)."""
 
-    _CTYPES = {
-        "int32": ctypes.c_int32, "uint32": ctypes.c_uint32, "int64": ctypes.c_int64,
-        "uint64": ctypes.c_uint64, "float32": ctypes.c_float, "float64": ctypes.c_double,
-    }
-
     def __init__(self, fn, grid, block, smem, pointers, scalars, *, driver_launch=None, current_stream=None):
-        if driver_launch is None or current_stream is None:
-            import cupy
-
-            driver_launch = driver_launch or cupy.cuda.driver.launchKernel
-            current_stream = current_stream or cupy.cuda.get_current_stream
-        grid, block = tuple(grid), tuple(block)
-        if not (1 <= len(grid) <= 3 and 1 <= len(block) <= 3):
-            raise ValueError(f"grid {grid} and block {block} need 1 to 3 dimensions")
+        driver_launch, current_stream = _driver(driver_launch, current_stream)
+        self._fn, self._head = _head(fn, grid, block, smem)  # (the holder keeps the module loaded)
         self._addresses = (ctypes.c_uint64 * pointers)()  # device addresses, written per call
-        values = []
-        for v in map(np.asarray, scalars):
-            ctype = self._CTYPES.get(v.dtype.name)
-            if ctype is None:
-                raise TypeError(f"DirectLaunch: no C type for a scalar argument of dtype {v.dtype}")
-            values.append(ctype(v.item()))
+        values = [_c_scalar(v) for v in scalars]
         self._values = values  # keeps the scalar slots alive
         base, word = ctypes.addressof(self._addresses), ctypes.sizeof(ctypes.c_uint64)
         slots = [base + i * word for i in range(pointers)] + [ctypes.addressof(v) for v in values]
         self._params = (ctypes.c_void_p * len(slots))(*slots)
-        # a RawKernel (what RawModule.get_function returns) holds its cupy.cuda.function.Function
-        func = getattr(fn, "kernel", fn)
-        self._fn = func  # keeps the module loaded
-        self._head = (func.ptr, *grid, *(1,) * (3 - len(grid)), *block, *(1,) * (3 - len(block)), int(smem))
         self._params_ptr = ctypes.addressof(self._params)
         self._launch, self._stream = driver_launch, current_stream
         lock = threading.Lock()

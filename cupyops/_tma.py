@@ -4,9 +4,8 @@ A tensor map (``CUtensorMap``, 128 bytes) describes a strided global array and t
 ``cp.async.bulk.tensor`` moves into shared memory, with the swizzle it applies there.
 ``cuTensorMapEncodeTiled`` lives in the driver library (``libcuda``), which CuPy does not
 wrap, so it is called here through ctypes. A kernel takes the map by value as a
-``__grid_constant__`` parameter (``cuops::TmaMap`` in kernels/ptx.cuh); ``launch``
-passes it by value through the driver's ``cuLaunchKernel`` (the driver copies each
-parameter as the kernel declares it), with the other arguments packed as CuPy would.
+``__grid_constant__`` parameter (``cuops::TmaMap`` in kernels/ptx.cuh); the map is the
+128 ``bytes`` that ``_launch.launch_with_structs`` passes by value.
 
 ``encode_tiled`` returns None when the driver has no such entry point or refuses the
 description (a stride that is not a multiple of 16 bytes, a misaligned address, a box or
@@ -15,11 +14,8 @@ dimension out of range): the callers then keep their cp.async path.
 import ctypes
 import functools
 
-import numpy as np
 
 MAP_BYTES = 128
-# The kernel-parameter image of one map (passed by value; alignment is the kernel's).
-MAP_DTYPE = np.dtype({"names": ["words"], "formats": [(np.uint64, (MAP_BYTES // 8,))]})
 
 # CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
 # CUtensorMapFloatOOBfill (cuda.h): the values used here.
@@ -55,44 +51,23 @@ def available():
 def encode_tiled(address, dims, strides, box, swizzle=SWIZZLE_128B, data_type=DATA_UINT16):
     """The tensor map of the array at device ``address`` with extents ``dims`` (elements,
     innermost first), byte ``strides`` of dimensions 1.. (one fewer than ``dims``), moved in
-    boxes of ``box`` elements; as ``MAP_DTYPE`` scalar, or None if the driver refuses it.
+    boxes of ``box`` elements (``MAP_BYTES`` bytes), or None if the driver refuses it.
     Memoized: a map is a pure function of its arguments (the benchmark's repeated calls and
     a model's repeated shapes encode once)."""
     fn = _encoder()
     rank = len(dims)
     if fn is None or len(strides) != rank - 1 or len(box) != rank:
         return None
-    out = np.zeros(1, MAP_DTYPE)
+    # CUtensorMap is a 64-byte-aligned type: the map is written at the first such address
+    buf = ctypes.create_string_buffer(MAP_BYTES + 64)
+    out = (ctypes.addressof(buf) + 63) & ~63
     c_dims = (ctypes.c_uint64 * rank)(*dims)
     c_strides = (ctypes.c_uint64 * max(rank - 1, 1))(*strides)
     c_box = (ctypes.c_uint32 * rank)(*box)
     c_elem = (ctypes.c_uint32 * rank)(*([1] * rank))
-    err = fn(out.ctypes.data, data_type, rank, address, c_dims, c_strides, c_box, c_elem, INTERLEAVE_NONE,
+    err = fn(out, data_type, rank, address, c_dims, c_strides, c_box, c_elem, INTERLEAVE_NONE,
              swizzle, L2_PROMOTION_256B, OOB_FILL_ZEROS)
     if err != 0:
         return None
-    return out[0]
+    return ctypes.string_at(out, MAP_BYTES)
 
-
-_SCALARS = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint64": ctypes.c_uint64, "float32": ctypes.c_float}
-
-
-def launch(fn, grid, block, args, shared_mem=0):
-    """Launch ``fn`` (a ``cupy.RawKernel`` or its ``Function``) on CuPy's current stream with
-    ``args``: CuPy arrays (passed as their device addresses), NumPy scalars of the types in
-    ``_SCALARS``, and ``MAP_DTYPE`` tensor maps (passed by value)."""
-    import cupy
-
-    slots = []
-    for a in args:
-        if isinstance(a, np.void) and a.dtype == MAP_DTYPE:
-            slots.append((ctypes.c_uint8 * MAP_BYTES).from_buffer_copy(a.tobytes()))
-        elif hasattr(a, "data") and hasattr(a.data, "ptr"):
-            slots.append(ctypes.c_uint64(a.data.ptr))
-        else:
-            slots.append(_SCALARS[np.asarray(a).dtype.name](a.item()))
-    params = (ctypes.c_void_p * len(slots))(*[ctypes.addressof(v) for v in slots])
-    func = getattr(fn, "kernel", fn)
-    grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
-    cupy.cuda.driver.launchKernel(func.ptr, *grid, *block, int(shared_mem), cupy.cuda.get_current_stream().ptr,
-                                  ctypes.addressof(params), 0)

@@ -167,3 +167,31 @@ def test_direct_launch_rejects_bad_geometry_and_scalar_types():
         _launch.DirectLaunch(_FakeFunction(), (), (32,), 0, 1, (), **fake)
     with pytest.raises(TypeError, match="float16"):
         _launch.DirectLaunch(_FakeFunction(), (1,), (32,), 0, 1, (np.float16(1),), **fake)
+
+
+def test_launch_with_structs_passes_bytes_by_value():
+    # a TMA tensor map goes as its 128 bytes, next to an array's address and C scalars
+    import ctypes
+
+    class _Array:
+        data = type("Ptr", (), {"ptr": 0x7000_0000_0400})()
+
+    calls = []
+
+    def driver_launch(*args):
+        f, gx, gy, gz, bx, by, bz, smem, stream, params, extra = args
+        slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        calls.append(((f, gx, gy, gz, bx, by, bz, smem, stream, extra),
+                      ctypes.cast(slots[0], ctypes.POINTER(ctypes.c_uint64)).contents.value,
+                      ctypes.cast(slots[1], ctypes.POINTER(ctypes.c_int32)).contents.value,
+                      ctypes.cast(slots[2], ctypes.POINTER(ctypes.c_float)).contents.value,
+                      ctypes.string_at(slots[3], 128)))
+
+    struct = bytes(range(128))
+    _launch.launch_with_structs(_FakeFunction(), (5, 2), (256,), 1024,
+                                (_Array(), np.int32(-7), np.float32(1.5), struct),
+                                driver_launch=driver_launch, current_stream=_FakeStream)
+    assert calls == [((0xF00D, 5, 2, 1, 256, 1, 1, 1024, 0x5EA, 0), 0x7000_0000_0400, -7, 1.5, struct)]
+    with pytest.raises(TypeError, match="float16"):
+        _launch.launch_with_structs(_FakeFunction(), (1,), (32,), 0, (np.float16(1),),
+                                    driver_launch=driver_launch, current_stream=_FakeStream)

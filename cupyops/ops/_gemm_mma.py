@@ -183,9 +183,14 @@ def plan(impl, p, config=None, sm_count=132, tma=False):
     cfg = config or pick_config(p, sm_count)
     bm, bn = mma_params(cfg, p.dtype)[:2]
     tiles = cdiv(p.M, bm) * cdiv(p.N, bn)
-    tma = tma and p.dtype in TMA_TYPES and (ta, tb) == TMA_LAYOUT
+    tma = tma and tma_layout(p)
     return (_name(impl, p.dtype, ta, tb, cfg, tma), (min(tiles, _MAX_GRID_X), 1, gz),
             (mma_threads(cfg, p.dtype),), mma_smem(cfg, p.dtype, tma))
+
+
+def tma_layout(p):
+    """Does ``p`` have the dtype and layout gemm_mma_tma is built for?"""
+    return p.dtype in TMA_TYPES and p.layout() == TMA_LAYOUT
 
 
 def tma_maps(p, cfg):
@@ -194,7 +199,7 @@ def tma_maps(p, cfg):
     aligned, or the driver refuses): the cp.async feed then runs. Each operand is (K, rows,
     batch) 16-bit elements, its rows ld * 2 bytes apart and its batch entries s * 2 (one
     entry for a broadcast operand, or a single product), in boxes of 64 x (BM or BN) x 1."""
-    if p.dtype not in TMA_TYPES or p.layout() != TMA_LAYOUT or p.K == 0:
+    if not tma_layout(p) or p.K == 0:
         return None
     bm, bn = mma_params(cfg, p.dtype)[:2]
     maps = []
@@ -262,8 +267,7 @@ _PLANS = {}  # memoized (plan, config) per (impl, GemmProblem.shape_key, config,
 
 
 def _uses_tma(impl, p, props):
-    return (TMA_FEED and impl == "mma" and p.dtype in TMA_TYPES and p.layout() == TMA_LAYOUT and props.cc >= 90
-            and _tma.available())
+    return TMA_FEED and impl == "mma" and tma_layout(p) and props.cc >= 90 and _tma.available()
 
 
 def launch(impl, p, config=None):
@@ -295,6 +299,6 @@ def launch(impl, p, config=None):
     if smem:
         _launch.request_smem(fn, smem, props, f"gemm_{impl}")
     if maps:
-        _tma.launch(fn, grid, block, args + maps, shared_mem=smem)
+        _launch.launch_with_structs(fn, grid, block, smem, args + maps)
     else:
         fn(grid, block, args, shared_mem=smem)
