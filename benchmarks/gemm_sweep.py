@@ -28,6 +28,10 @@ CASES = {
     "skinny": [(d, s) for d in ("float16", "bfloat16") for s in
                ((1, 4096, 4096), (16, 4096, 4096), (1, 11008, 4096), (64, 4096, 4096))],
 }
+# the sm_90a rungs: the squares and Llama-3-8B prefill projections (4096 and 512 tokens)
+_HOPPER = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 2048), (4096, 6144, 4096), (4096, 28672, 4096),
+           (4096, 4096, 14336), (512, 6144, 4096), (512, 4096, 14336)]
+CASES["wgmma"] = CASES["wgmma_ws"] = [(d, s) for s in _HOPPER for d in ("bfloat16", "float16")]
 # the mma rung's tiles on the decode shapes ("--only mma_decode"): where a wide N gives
 # its plain tiles a full wave, it competes with skinny
 CASES["mma_decode"] = CASES["skinny"] + [("float16", (16, 11008, 4096)), ("float16", (64, 11008, 4096)),

@@ -87,16 +87,30 @@ def template_name(kernel, *args):
     return f"{kernel}<{', '.join(str(a) for a in args)}>"
 
 
+# The architectures the CPU tier compiles a portable kernel file for.
+PORTABLE_ARCHS = ("sm_80", "sm_90")
+
+
 class KernelFile:
-    """One .cu file: its instantiations, its compiled module per device, its functions."""
+    """One .cu file: its instantiations, its compiled module per device, its functions.
+
+    ``arch``: a file of architecture-specific code (``"sm_90a"``: wgmma, setmaxnreg) is
+    compiled for that target alone, and only on a GPU of that compute capability
+    (``runs_on``); ``compile()`` and ``warmup`` pass over it elsewhere, and its launchers
+    check the GPU before asking for a kernel. Portable files compile for the device's own
+    architecture (CuPy's -arch) and are checked for sm_80 and sm_90 by the CPU tier."""
 
     registry = {}
 
-    def __init__(self, filename, name_expressions, *, options=()):
+    def __init__(self, filename, name_expressions, *, options=(), arch=None):
         self.filename = filename
         self.name_expressions = list(dict.fromkeys(name_expressions))
         self.extra_options = tuple(options)  # this file's own, after NVRTC_OPTIONS
-        self.options = NVRTC_OPTIONS + self.extra_options
+        self.arch = arch
+        # CuPy adds -arch=sm_<cc> for the device; ours comes after it and wins (on an H100
+        # with NVRTC 13, -arch=sm_90a defines __CUDA_ARCH_FEAT_SM90_ALL).
+        self.options = NVRTC_OPTIONS + self.extra_options + ((f"-arch={arch}",) if arch else ())
+        self.archs = (arch,) if arch else PORTABLE_ARCHS  # what the CPU tier compiles
         self._modules = {}
         self._functions = {}
         # Held while this file compiles: a launch (or another warm-up thread) that needs the
@@ -145,11 +159,26 @@ class KernelFile:
             self._functions[key] = fn
         return fn
 
+    def runs_on(self, cc):
+        """Can a GPU of compute capability ``cc`` (90 for sm_90) run this file's kernels?
+        An sm_90a cubin runs on sm_90 alone."""
+        if self.arch is None:
+            return True
+        return cc == int("".join(ch for ch in self.arch if ch.isdigit()))
+
     def compile(self):
-        """Compile (or load from CuPy's disk cache) this file for the current device."""
+        """Compile (or load from CuPy's disk cache) this file for the current device.
+        Returns False, compiling nothing, for a file the device cannot run."""
         import cupy
 
-        self._module(cupy.cuda.runtime.getDevice())
+        device = cupy.cuda.runtime.getDevice()
+        if self.arch is not None:
+            from ._launch import device_props
+
+            if not self.runs_on(device_props(device).cc):
+                return False
+        self._module(device)
+        return True
 
 
 def warmup(ops=None, *, threads=None):
@@ -186,9 +215,12 @@ def _start(ops, threads, on_compiled=None):
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 1):
         raise ValueError(f"threads: must be a positive int, got {threads!r}")
-    files = _ops.kernel_files(ops)
     cp = cupy_module()
     device_id = cp.cuda.runtime.getDevice()
+    from ._launch import device_props
+
+    cc = device_props(device_id).cc
+    files = [kf for kf in _ops.kernel_files(ops) if kf.runs_on(cc)]
     workers = threads or max(1, min(len(files), os.cpu_count() or 1))
 
     def build(kf):

@@ -169,6 +169,35 @@ def launch_with_structs(fn, grid, block, smem, args, *, driver_launch=None, curr
     driver_launch(*head, current_stream().ptr, ctypes.addressof(params), 0)
 
 
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One kernel launch but its arguments: the kernel file and instantiation, the grid,
+    the block and the dynamic shared memory. A launcher's plan (a plain function of the
+    problem's numbers, memoized per shape, checked by the CPU tier) returns one; calling
+    it with the kernel's arguments does the rest the same way for every launcher: the
+    function from the file's module, the shared-memory opt-in past 48 KB, and the launch
+    itself, through CuPy, or through the driver when an argument is a struct passed by
+    value (``bytes``: a TMA tensor map).
+
+    ``what`` names the rung in a shared-memory error."""
+
+    kernels: object  # the KernelFile holding ``name``
+    name: str
+    grid: tuple
+    block: tuple
+    smem: int = 0
+    what: str = ""
+
+    def __call__(self, args):
+        fn = self.kernels.function(self.name)
+        if self.smem:
+            request_smem(fn, self.smem, device_props(), self.what or self.name)
+        if any(type(a) is bytes for a in args):
+            launch_with_structs(fn, self.grid, self.block, self.smem, args)
+        else:
+            fn(self.grid, self.block, args, shared_mem=self.smem)
+
+
 class DirectLaunch:
     """One kernel launch whose geometry and scalar arguments are fixed, issued through the
     driver's ``cuLaunchKernel`` from a parameter block packed once; a call only writes the

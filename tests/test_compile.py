@@ -1,12 +1,11 @@
 """CPU tier: every kernel file compiles with NVRTC, no GPU needed, for every dtype each
-operator claims, for sm_80 and sm_90, with no register spills (ptxas verbose log)."""
+operator claims, for sm_80 and sm_90 (the Hopper files for sm_90a alone), with no register
+spills and no warnings (ptxas verbose log)."""
 import pytest
 
 from cupyops import CompileError, _dtypes, _kernels, _nvrtc
 from cupyops.bench import timing
 from cupyops.ops import OPS, kernel_files
-
-ARCHS = ("sm_80", "sm_90")
 
 try:
     _nvrtc.find_libnvrtc()
@@ -21,7 +20,8 @@ FILES = {kf.filename: kf for kf in kernel_files()}
 FILES[timing.HOLD.filename] = timing.HOLD  # the benchmark's own kernel compiles here too
 
 
-@pytest.fixture(scope="module", params=[(f, a) for f in FILES for a in ARCHS], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", params=[(f, a) for f in FILES for a in FILES[f].archs],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def compiled(request):
     filename, arch = request.param
     kf = FILES[filename]
@@ -85,3 +85,31 @@ def test_compile_error_names_file_and_line(tmp_path, monkeypatch):
 def test_all_ops_have_kernel_files():
     for op in OPS:
         assert kernel_files(op)
+
+
+HOPPER_FILES = [f for f, kf in FILES.items() if kf.arch == "sm_90a"]
+
+
+def test_hopper_files_exist():
+    assert "gemm_wgmma.cu" in HOPPER_FILES
+
+
+@pytest.mark.parametrize("filename", HOPPER_FILES)
+def test_hopper_code_fails_to_compile_for_plain_sm_90(filename):
+    # wgmma / setmaxnreg must be refused at compile time off sm_90a (sm90.cuh's #error),
+    # never reach a GPU as a run-time trap
+    kf = FILES[filename]
+    with pytest.raises(CompileError) as info:
+        _nvrtc.compile_file(filename, kf.name_expressions[:1], "sm_90", kf.extra_options)
+    assert "sm_90a" in info.value.log
+
+
+def test_setmaxnreg_is_kept():
+    # ptxas drops setmaxnreg without a register cap at entry, saying so with warning
+    # C7508; the warp-specialised GEMM must keep it (and have no other warning)
+    kf = FILES["gemm_wgmma.cu"]
+    names = [ne for ne in kf.name_expressions if ne.startswith("gemm_wgmma_ws<")]
+    assert names
+    res = _nvrtc.compile_file("gemm_wgmma.cu", names[:2], "sm_90a", kf.extra_options)
+    assert "C7508" not in res.log and "setmaxnreg" not in res.log.lower(), res.log
+    assert not [ln for ln in res.log.splitlines() if "warning" in ln.lower()], res.log

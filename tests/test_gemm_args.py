@@ -113,13 +113,14 @@ def test_mixed_placement():
 
 def test_variant_table():
     v = cupyops.variants("matmul")
-    assert list(v) == ["naive", "tiled", "regblock", "pipelined", "wmma", "mma", "skinny"]
+    assert list(v) == ["naive", "tiled", "regblock", "pipelined", "wmma", "mma", "wgmma", "wgmma_ws", "skinny"]
     assert cupyops.variants("gemm") == v
     for impl, line in v.items():
         assert line.startswith("[") and len(line) > 20, (impl, line)
     assert G.dtypes_of("naive") == G.GEMM_TYPES
     assert G.dtypes_of("mma") == ("float16", "bfloat16", "int8")
     assert G.dtypes_of("skinny") == G.GEMM_TYPES
+    assert G.dtypes_of("wgmma") == G.dtypes_of("wgmma_ws") == ("float16", "bfloat16")
 
 
 @pytest.mark.parametrize("dtype,M,expected", [("float32", 1, "skinny"), ("float16", 1, "mma"),

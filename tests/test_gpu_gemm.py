@@ -36,6 +36,12 @@ def rungs():
             for d in (G.GEMM_TYPES if impl == "auto" else G.dtypes_of(impl))]
 
 
+def require(impl):
+    """The sm_90a rungs run on compute capability 9.0 alone."""
+    if impl in G._gemm_wgmma.VARIANTS and not G._gemm_wgmma.runs_here(_launch.device_props()):
+        pytest.skip(f"{impl} needs an sm_90 GPU")
+
+
 def max_m(impl):
     return G._gemm_skinny.MAX_M if impl == "skinny" else None
 
@@ -95,6 +101,7 @@ def check(got, ref, dtype, K, what, magnitude=None):
 
 
 def run_gemm(impl, dtype, M, N, K, ta, tb, alpha, beta, batch_a, batch_b, with_c, how, seed):
+    require(impl)
     cp = _cp()
     rng = np.random.default_rng(seed)
     a_shape = tuple(batch_a) + ((K, M) if ta else (M, K))
@@ -171,6 +178,7 @@ def test_gemm_shapes_every_layout(impl, dtype, M, N, K):
 
 @pytest.mark.parametrize("impl,dtype", rungs())
 def test_in_place_c_is_out(impl, dtype):
+    require(impl)
     cp = _cp()
     rng = np.random.default_rng()
     M = 33 if impl == "skinny" else 200
@@ -186,6 +194,7 @@ def test_in_place_c_is_out(impl, dtype):
 
 @pytest.mark.parametrize("impl,dtype", rungs())
 def test_beta_zero_never_reads_c(impl, dtype):
+    require(impl)
     cp = _cp()
     rng = np.random.default_rng()
     M = 5 if impl == "skinny" else 70
@@ -372,3 +381,63 @@ def test_tma_feed_every_config_every_layout(dtype, cfg, monkeypatch):
                 tma = feed and not ta and tb
                 assert launched and all(n.startswith("gemm_mma_tma<" if tma else "gemm_mma<") for n in launched), (
                     what, launched)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("impl", list(G._gemm_wgmma.VARIANTS))
+def test_wgmma_runs_its_kernel_every_layout(impl, dtype, monkeypatch):
+    # Aligned operands (every extent a multiple of 8 elements, none of a tile) must run the
+    # wgmma kernel itself, not mma's fallback: every layout (both transpose immediates),
+    # zero-filled edge boxes in M, N and K, several k-tiles, stacks with the batch
+    # coordinate and a broadcast operand, alpha / beta with C, NaN-poisoned D.
+    require(impl)
+    cp = _cp()
+    mod = G._gemm_wgmma
+    launched = []
+    real = mod.KERNELS.function
+    monkeypatch.setattr(mod.KERNELS, "function", lambda name: launched.append(name) or real(name))
+    rng = np.random.default_rng()
+    for M, N, K in ((296, 520, 712), (64, 256, 64), (8, 8, 8), (200, 1000, 136)):
+        for ta, tb in LAYOUTS:
+            for batch_a, batch_b in (((), ()), ((3,), (1,)), ((2,), (2,))):
+                a = rand(rng, batch_a + ((K, M) if ta else (M, K)), dtype)
+                b = rand(rng, batch_b + ((N, K) if tb else (K, N)), dtype)
+                batch = np.broadcast_shapes(batch_a, batch_b)
+                c = rand(rng, batch + (M, N), dtype)
+                ref = reference.gemm(a, b, c, 1.5, -0.5, ta, tb)
+                d = poisoned(batch + (M, N), _dtypes.to_dtype(dtype))
+                del launched[:]
+                for p in G._problems(dtype, ta, tb, M, N, K, cp.asarray(a), cp.asarray(b), cp.asarray(c), d,
+                                     batch, 1.5, -0.5, cp):
+                    mod.launch(impl, p)
+                what = f"{impl} {dtype} {M}x{N}x{K} ta={ta} tb={tb} {batch_a}/{batch_b}"
+                check(d, ref, dtype, K, what)
+                assert launched and all(n.startswith(f"gemm_{impl}<") for n in launched), (what, launched)
+
+
+def test_wgmma_falls_back_to_mma_where_no_tensor_map_fits(monkeypatch):
+    # a misaligned start or a row of an odd number of elements cannot be a tensor map:
+    # the product runs mma, and is right
+    require("wgmma_ws")
+    cp = _cp()
+    rng = np.random.default_rng()
+    for M, N, K, how in ((130, 300, 257, "contiguous"), (128, 256, 512, "offset")):
+        a, b = rand(rng, (M, K), "bfloat16"), rand(rng, (K, N), "bfloat16")
+        da, db = layout(rng, a, how, cp), layout(rng, b, how, cp)
+        (p,) = G._problems("bfloat16", False, False, M, N, K, da, db, None, poisoned((M, N), a.dtype), (), 1, 0, cp)
+        assert G._gemm_wgmma.tensor_maps("wgmma_ws", p) is None
+        got = cupyops.matmul(da, db, impl="wgmma_ws")
+        check(got, reference.matmul(a, b), "bfloat16", K, f"fallback {how} {M}x{N}x{K}")
+
+
+def test_auto_runs_wgmma_ws_on_hopper(monkeypatch):
+    require("wgmma_ws")
+    cp = _cp()
+    launched = []
+    real = G._gemm_wgmma.launch
+    monkeypatch.setattr(G._gemm_wgmma, "launch", lambda impl, p, config=None: launched.append(impl) or real(impl, p))
+    a = cp.asarray(rand(np.random.default_rng(), (256, 512), "float16"))
+    cupyops.matmul(a, a.T)
+    assert launched == ["wgmma_ws"]
+    cupyops.matmul(a[:8], a.T)  # decode-sized: mma's split-K
+    assert launched == ["wgmma_ws"]

@@ -22,8 +22,8 @@ import numbers
 
 import numpy as np
 
-from .. import _arrays, _dtypes
-from . import _gemm_mma, _gemm_simt, _gemm_skinny
+from .. import _arrays, _dtypes, _launch
+from . import _gemm_mma, _gemm_simt, _gemm_skinny, _gemm_wgmma
 from ._gemm_problem import GemmProblem
 
 GEMM_TYPES = ("float32", "float16", "bfloat16", "int8")
@@ -32,31 +32,39 @@ OUT_TYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
 
 _LAUNCHERS = {}
 LADDER = {}
-for _mod in (_gemm_simt, _gemm_mma, _gemm_skinny):
+for _mod in (_gemm_simt, _gemm_mma, _gemm_wgmma, _gemm_skinny):
     for _impl, _line in _mod.VARIANTS.items():
         _LAUNCHERS[_impl] = _mod
         dts = ", ".join(d for d in GEMM_TYPES if d in _mod.DTYPES[_impl])
         LADDER[_impl] = f"[{dts}] {_line}"
 VARIANTS = {"matmul": LADDER, "gemm": LADDER}
-KERNEL_FILES = [_gemm_simt.KERNELS, _gemm_mma.KERNELS, _gemm_skinny.KERNELS]
+KERNEL_FILES = [_gemm_simt.KERNELS, _gemm_mma.KERNELS, _gemm_wgmma.KERNELS, _gemm_skinny.KERNELS]
 
 
 def dtypes_of(impl):
     return tuple(d for d in GEMM_TYPES if d in _LAUNCHERS[impl].DTYPES[impl])
 
 
-def auto_impl(dtype, M, N, K):
+def auto_impl(dtype, M, N, K, hopper=False):
     """The rung ``impl="auto"`` runs: for decode-like M (the product is a stream over B)
     float16 / bfloat16 run ``mma``, which splits K when its tiles are few
     (_gemm_mma.split_plan), float32 and int8 the skinny split-K kernel; otherwise the top
-    rung of the dtype. Measured on an H100 (benchmarks/gemm_sweep.py --only
+    rung of the dtype: for float16 / bfloat16 on a GPU that runs the sm_90a rungs
+    (``hopper``) ``wgmma_ws``, elsewhere ``mma``. Measured on an H100 (benchmarks/gemm_sweep.py --only
     skinny,mma_decode; results/h100-gemm-sweep-decode*.txt), fp16/bf16 against cuBLAS:
     1x4096x4096 mma 0.81-0.86x, skinny 0.78-0.79x; 16x4096x4096 0.81-0.91x against
     0.66-0.68x; 1x11008x4096 0.96-0.97x against 0.86-0.87x; 64x4096x4096 0.73-0.75x
     against 0.31-0.33x."""
     if M <= _gemm_skinny.MAX_M:
         return "mma" if dtype in ("float16", "bfloat16") else "skinny"
-    return "pipelined" if dtype == "float32" else "mma"
+    if dtype == "float32":
+        return "pipelined"
+    return "wgmma_ws" if hopper and dtype in _gemm_wgmma.DTYPES["wgmma_ws"] else "mma"
+
+
+def _runs_wgmma():
+    """Does the current GPU run the sm_90a rungs?"""
+    return _gemm_wgmma.runs_here(_launch.device_props())
 
 
 # ------------------------------------------------------------------------- public API
@@ -163,7 +171,8 @@ def _gemm(a, b, c, alpha, beta, ta, tb, out, impl, squeeze, op):
         raise ValueError("beta: a nonzero beta needs c")
     _arrays.check_impl(impl, LADDER, op)
     if impl == "auto":
-        impl = auto_impl(dt, M, N, K)
+        hopper = dt in ("float16", "bfloat16") and M > _gemm_skinny.MAX_M and _runs_wgmma()
+        impl = auto_impl(dt, M, N, K, hopper)
     elif dt not in dtypes_of(impl):
         raise TypeError(f"impl: {impl!r} supports {', '.join(dtypes_of(impl))}, not {dt}")
     if impl == "skinny" and M > _gemm_skinny.MAX_M:

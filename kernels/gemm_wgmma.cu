@@ -1,0 +1,253 @@
+// gemm_wgmma.cu: D = alpha * op(A) @ op(B) + beta * C on Hopper's warpgroup tensor-core
+// instructions (sm_90a), under the contract of gemm_common.cuh, for float16 / bfloat16 with
+// float32 accumulation.
+//
+// Why a new family: mma.sync (gemm_mma.cu) brings every operand through registers with
+// ldmatrix, and on an H100 keeps the tensor pipe ~75 % busy (NOTES 39): 0.6x of cuBLAS.
+// wgmma reads both operands straight from shared memory, one instruction per warpgroup
+// (4 warps) computing a 64 x 256 x 16 step, and runs asynchronously: the issuing warps are
+// free while it runs. The tensor copy engine (TMA) fills shared memory with no thread
+// doing address arithmetic. The rungs:
+//   1. gemm_wgmma     one warpgroup, a 64 x 256 block tile, a ring of STAGES stages filled
+//                     by tensor copies (one thread issues them; an mbarrier a stage says
+//                     they landed), one m64n256k16 wgmma per 16 K. Every k-tile waits for
+//                     its own wgmmas (wait_group 0) and a block barrier before the stage is
+//                     refilled: the first Hopper step, simple and still serial.
+//   2. gemm_wgmma_ws  warp-specialised and persistent: a producer warpgroup (one thread
+//                     issuing tensor copies, registers given back with setmaxnreg) and two
+//                     consumer warpgroups (64 rows each of a 128 x 256 tile, registers taken)
+//                     around a full/empty mbarrier ring (sm90.cuh Pipeline); a consumer
+//                     keeps one group of wgmmas in flight and releases a stage as soon as the
+//                     wgmmas that read it are done; one block an SM walks the tiles in
+//                     grouped order (8 tile rows share their B columns in L2), so the
+//                     producer fills the next tile's stages during this tile's epilogue.
+//
+// Operands: the launcher (cupyops/ops/_gemm_wgmma.py) describes A and B by 3-D tensor maps
+// (elements innermost, then rows, then the batch) with 128-byte swizzle. A K-contiguous
+// operand (A stored M x K, B stored N x K) is copied as one box of 64 K x rows; an M/N-
+// contiguous one (A stored K x M, B stored K x N) as boxes of 64 M/N x 64 K, and wgmma
+// reads it through its transpose immediate. Edges (M, N, K not multiples of the tile) are
+// zeros the copy engine fills in past the tensor's extent; the epilogue masks the rows and
+// columns it writes. The launcher runs these kernels only where the operands are 16-byte
+// aligned with row and batch strides that are multiples of 16 bytes (what a tensor map
+// can describe); other problems run gemm_mma.
+//
+// Launch geometry (cupyops/ops/_gemm_wgmma.py computes it):
+//   gemm_wgmma<T, TA, TB, STAGES>: block 128; grid (cdiv(M, 64) * cdiv(N, 256), 1, batch');
+//       dynamic shared memory STAGES * 40 KB + 1 KB (ring alignment) + 16 * STAGES.
+//   gemm_wgmma_ws<T, TA, TB, STAGES>: block 384; grid (min(tiles * batch, SMs), 1, 1) with
+//       tiles = cdiv(M, 128) * cdiv(N, 256); shared memory STAGES * 48 KB + 1 KB + 16 * STAGES.
+//   batch' = min(batch, 65535); gemm_wgmma loops z over the rest of the stack.
+#include "gemm_common.cuh"
+#include "sm90.cuh"
+
+using namespace cuops;
+using namespace cuops::sm90;
+
+namespace gwg {
+
+constexpr int BK = 64;   // K of a stage: 128 bytes of a 16-bit type, the swizzle's row
+constexpr int BN = 256;  // N of a tile: one m64n256k16 a warpgroup per 16 K
+constexpr int WG = 128;  // threads of a warpgroup
+constexpr int GROUP_M = 8;  // tile rows that walk the tile columns together (L2 reuse of B)
+constexpr unsigned RING_ALIGN = 1024;  // the swizzle atom: stages start 1024-byte aligned
+
+__device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+// Tile t of a TM x TN grid of tiles, in grouped order: groups of GROUP_M tile rows, each
+// group walked column by column, so the blocks resident at one time share B's columns and
+// A's rows in L2.
+__device__ __forceinline__ void tile_coords(int t, int TM, int TN, int& tm, int& tn) {
+    const int per_group = GROUP_M * TN;
+    const int first = (t / per_group) * GROUP_M;
+    const int rows = min(TM - first, GROUP_M);
+    const int r = t % per_group;
+    tm = first + r % rows;
+    tn = r / rows;
+}
+
+// One stage of the ring: BM rows of A then 256 rows of B, each 64 K wide, in the layout of
+// sm90::SwizzledTile16. MN_A: A is M-major (TA); MN_B: B is N-major (!TB).
+template <bool TA, bool TB, int BM> struct Stage {
+    static constexpr bool MN_A = TA, MN_B = !TB;
+    static constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, BYTES = A_BYTES + B_BYTES;
+
+    // The copies of one operand: rows [r0, r0 + ROWS) and K [k0, k0 + 64) of batch entry z.
+    template <bool MN, int ROWS>
+    __device__ __forceinline__ static void load_operand(unsigned dst, const TmaMap* map, int k0, int r0, int z,
+                                                        unsigned bar) {
+        if constexpr (MN) {
+#pragma unroll
+            for (int p = 0; p < ROWS / 64; ++p)
+                tma_load_3d(dst + p * SwizzledTile16<true>::PIECE_BYTES, map, r0 + 64 * p, k0, z, bar);
+        } else {
+            tma_load_3d(dst, map, k0, r0, z, bar);
+        }
+    }
+    // One thread: the copies of k-tile kt of tile (m0, n0) into the stage at `st`,
+    // completing on barrier `bar` (whose expected bytes are BYTES).
+    __device__ __forceinline__ static void load(unsigned st, const TmaMap* ma, const TmaMap* mb, int kt, int m0,
+                                                int n0, int za, int zb, unsigned bar) {
+        load_operand<MN_A, BM>(st, ma, kt * BK, m0, za, bar);
+        load_operand<MN_B, BN>(st + A_BYTES, mb, kt * BK, n0, zb, bar);
+    }
+    // The wgmmas of one warpgroup over the stage at `st`: rows [a_row, a_row + 64) of the A
+    // tile against the whole B tile, 4 steps of 16 K. accumulate false: the first k-tile
+    // of a tile overwrites the accumulators.
+    template <typename T>
+    __device__ __forceinline__ static void mma(float (&acc)[128], unsigned st, int a_row, bool accumulate) {
+        const unsigned a = st + (a_row / 64) * SwizzledTile16<MN_A>::PIECE_BYTES;
+#pragma unroll
+        for (int k16 = 0; k16 < BK / 16; ++k16)
+            wgmma_m64n256k16<T, MN_A, MN_B>(acc, SwizzledTile16<MN_A>::desc(a, k16),
+                                            SwizzledTile16<MN_B>::desc(st + A_BYTES, k16), accumulate || k16 > 0);
+    }
+};
+
+// The epilogue of one warpgroup: its 64 x 256 accumulators (rows from m_row, columns from
+// n0; the layout of sm90.cuh) to D = alpha * acc + beta * C, masked to M x N. Two adjacent
+// columns go out as one 4-byte store where D's rows allow it.
+template <typename T>
+__device__ __forceinline__ void store_tile(const float (&acc)[128], const T* C, T* D, int M, int N, i64 ldc,
+                                           i64 ldd, float alpha, float beta, int m_row, int n0) {
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+    const int col = n0 + 2 * (lane % 4);
+    const bool pairs = ldd % 2 == 0 && reinterpret_cast<unsigned long long>(D) % 4 == 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int m = m_row + 16 * warp + lane / 4 + 8 * h;
+        if (m >= M) continue;
+        T* drow = D + static_cast<i64>(m) * ldd;
+        const T* crow = C + static_cast<i64>(m) * ldc;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const int n = col + 8 * j;
+            const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+            if (pairs && n + 1 < N) {
+                float x0 = alpha * v0, x1 = alpha * v1;
+                if (beta != 0.f) {
+                    x0 = fmaf(beta, to_f32(crow[n]), x0);
+                    x1 = fmaf(beta, to_f32(crow[n + 1]), x1);
+                }
+                *reinterpret_cast<unsigned*>(drow + n) = pack2<T>(x0, x1);
+            } else {
+                if (n < N) drow[n] = gemm_epilogue<T>(v0, crow + n, alpha, beta);
+                if (n + 1 < N) drow[n + 1] = gemm_epilogue<T>(v1, crow + n + 1, alpha, beta);
+            }
+        }
+    }
+}
+
+}  // namespace gwg
+
+// ---------------------------------------------------------------------------- 1. gemm_wgmma
+template <typename T, bool TA, bool TB, int STAGES>
+__global__ void __launch_bounds__(gwg::WG, 1)
+    gemm_wgmma(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB) {
+    using namespace gwg;
+    typedef Stage<TA, TB, 64> S;
+    static_assert(sizeof(T) == 2, "wgmma rungs: float16 and bfloat16");
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned ring = (smem_u32(smem_raw) + RING_ALIGN - 1) & ~(RING_ALIGN - 1);
+    const Pipeline<STAGES> pipe{ring + STAGES * S::BYTES};  // (its empty barriers are unused here)
+    if (threadIdx.x == 0) pipe.init(1);
+    __syncthreads();
+
+    const int TM = cdiv(M, 64), TN = cdiv(N, BN), KT = cdiv(K, BK);
+    float acc[128];
+    unsigned it = 0;  // k-tiles this block has consumed: the ring position of the next one
+    for (int z = blockIdx.z; z < batch; z += gridDim.z) {
+        const int za = sA ? z : 0, zb = sB ? z : 0;
+        for (int t = blockIdx.x; t < TM * TN; t += gridDim.x) {
+            int tm, tn;
+            tile_coords(t, TM, TN, tm, tn);
+            const int m0 = tm * 64, n0 = tn * BN;
+            if (threadIdx.x == 0) {
+                for (int kt = 0; kt < min(STAGES, KT); ++kt) {
+                    pipe.producer_expect(it + kt, S::BYTES);
+                    S::load(ring + pipe.stage(it + kt) * S::BYTES, &mapA, &mapB, kt, m0, n0, za, zb,
+                            pipe.full(it + kt).addr);
+                }
+            }
+            for (int kt = 0; kt < KT; ++kt, ++it) {
+                pipe.consumer_wait(it);
+                wgmma_fence();
+                S::template mma<T>(acc, ring + pipe.stage(it) * S::BYTES, 0, kt > 0);
+                wgmma_commit();
+                wgmma_wait<0>();
+                __syncthreads();  // every warp's wgmmas on this stage are done: refill it
+                if (threadIdx.x == 0 && kt + STAGES < KT) {
+                    pipe.producer_expect(it + STAGES, S::BYTES);
+                    S::load(ring + pipe.stage(it) * S::BYTES, &mapA, &mapB, kt + STAGES, m0, n0, za, zb,
+                            pipe.full(it + STAGES).addr);
+                }
+            }
+            fence_regs(acc);
+            store_tile<T>(acc, C + z * sC, D + z * sD, M, N, ldc, ldd, alpha, beta, m0, n0);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------- 2. gemm_wgmma_ws
+// Registers: 384 threads at one block an SM start with 65536 / 384 = 170 (capped at 168);
+// the producer gives back to 40 and the consumers take 232 (128 * 40 + 256 * 232 <= 65536).
+constexpr int WS_PRODUCER_REGS = 40;
+constexpr int WS_CONSUMER_REGS = 232;
+
+template <typename T, bool TA, bool TB, int STAGES>
+__global__ void __launch_bounds__(3 * gwg::WG, 1)
+    gemm_wgmma_ws(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB) {
+    using namespace gwg;
+    typedef Stage<TA, TB, 128> S;
+    static_assert(sizeof(T) == 2, "wgmma rungs: float16 and bfloat16");
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned ring = (smem_u32(smem_raw) + RING_ALIGN - 1) & ~(RING_ALIGN - 1);
+    const Pipeline<STAGES> pipe{ring + STAGES * S::BYTES};
+    if (threadIdx.x == 0) pipe.init(2);  // an empty phase: one arrival per consumer warpgroup
+    __syncthreads();
+
+    const int TM = cdiv(M, 128), TN = cdiv(N, BN), KT = cdiv(K, BK);
+    const long long tiles = static_cast<long long>(TM) * TN, total = tiles * batch;
+    if (warpgroup() == 0) {  // producer
+        setmaxnreg_dec<WS_PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            unsigned it = 0;
+            for (long long t = blockIdx.x; t < total; t += gridDim.x) {
+                const int z = static_cast<int>(t / tiles);
+                int tm, tn;
+                tile_coords(static_cast<int>(t % tiles), TM, TN, tm, tn);
+                for (int kt = 0; kt < KT; ++kt, ++it) {
+                    pipe.producer_acquire(it);
+                    pipe.producer_expect(it, S::BYTES);
+                    S::load(ring + pipe.stage(it) * S::BYTES, &mapA, &mapB, kt, tm * 128, tn * BN,
+                            sA ? z : 0, sB ? z : 0, pipe.full(it).addr);
+                }
+            }
+        }
+    } else {  // consumers: warpgroup 1 computes rows 0-63 of the tile, warpgroup 2 rows 64-127
+        setmaxnreg_inc<WS_CONSUMER_REGS>();
+        const int a_row = 64 * (warpgroup() - 1);
+        const bool leader = threadIdx.x % WG == 0;
+        float acc[128];
+        unsigned it = 0;
+        for (long long t = blockIdx.x; t < total; t += gridDim.x) {
+            const int z = static_cast<int>(t / tiles);
+            int tm, tn;
+            tile_coords(static_cast<int>(t % tiles), TM, TN, tm, tn);
+            for (int kt = 0; kt < KT; ++kt, ++it) {
+                pipe.consumer_wait(it);
+                wgmma_fence();
+                S::template mma<T>(acc, ring + pipe.stage(it) * S::BYTES, a_row, kt > 0);
+                wgmma_commit();
+                // The previous k-tile's group is done (this one may still run): its stage
+                // goes back to the producer.
+                wgmma_wait<1>();
+                if (kt > 0 && leader) pipe.consumer_release(it - 1);
+            }
+            wgmma_wait<0>();
+            if (leader) pipe.consumer_release(it - 1);
+            fence_regs(acc);
+            store_tile<T>(acc, C + z * sC, D + z * sD, M, N, ldc, ldd, alpha, beta, tm * 128 + a_row, tn * BN);
+        }
+    }
+}

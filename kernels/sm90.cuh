@@ -1,0 +1,199 @@
+// sm90.cuh: the one Hopper layer (sm_90a) that the wgmma GEMM and the Hopper attention
+// rungs build on. Each wrapper is a few lines of PTX; its comment says what it guarantees.
+//
+//   Barrier            a typed mbarrier: init, arrive, arrive + expect-tx, wait on a parity
+//   Pipeline<STAGES>   a ring of STAGES stages with a full and an empty barrier each; the
+//                      stage and the parity to wait for come from a running index `it`
+//                      (the it-th use of the ring), never from a hand-kept bitmask
+//   tensor copies      tma_load_3d (ptx.cuh: it serves the sm_90 mma feed too)
+//   wgmma              shared-memory matrix descriptors of 128-byte-swizzled tiles (both
+//                      operand majors), fence / commit_group / wait_group, m64n256k16 for
+//                      f16 and bf16 with the transpose immediates, fence_regs
+//   setmaxnreg         register reallocation between warpgroups
+//   named barriers     bar.sync on a subset of the block's warps
+//
+// Facts the wrappers rely on (PTX ISA 8.x, "Asynchronous Warpgroup Level Matrix
+// Instructions"; checked against CUTLASS's descriptor packing):
+// - wgmma is issued by a warpgroup: 4 consecutive warps, the first at a warp index that is a
+//   multiple of 4. Its accumulators stay in registers; for m64nNk16 the thread of lane l in
+//   warp w of the warpgroup holds, in d[4j + 2h + e], row 16w + l/4 + 8h, column
+//   8j + 2(l%4) + e of the 64 x N tile (the mma.sync m16n8 C layout, N/8 times).
+// - A and B come from shared memory through 64-bit descriptors. A 128-byte-swizzled tile is
+//   made of 1024-byte atoms of 8 rows of 128 bytes (16-byte chunk c of row r stored at
+//   chunk c ^ (r % 8): what a tensor copy with CU_TENSOR_MAP_SWIZZLE_128B writes at a
+//   1024-byte-aligned address). K-major (the operand stored rows x K): a row is 64 K of one
+//   M/N row, the stride-byte offset (SBO) steps 8 rows. MN-major (stored K x rows): a row is
+//   64 M/N elements of one k, SBO steps 8 k, the leading-byte offset (LBO) steps 64 M/N.
+// - Only f16 / bf16 have the transpose immediates (MN-major operands); 8-bit types must be
+//   K-major on both sides.
+#pragma once
+#include "ptx.cuh"
+
+// Hopper-only code fails at compile time on any other target (never a run-time trap).
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "sm90.cuh: wgmma and setmaxnreg need the sm_90a target (-arch=sm_90a)"
+#endif
+
+namespace cuops {
+namespace sm90 {
+
+typedef unsigned long long u64;
+
+// ---------------------------------------------------------------------------------- mbarriers
+struct Barrier {
+    unsigned addr;  // shared-memory address of the 8-byte barrier
+
+    // One thread, before any use; `arrivals` arrivals (plus the announced bytes) complete
+    // a phase. Make inits visible with mbar_init_fence() and a block barrier.
+    __device__ __forceinline__ void init(unsigned arrivals) const { mbar_init(addr, arrivals); }
+    __device__ __forceinline__ void arrive() const {
+        asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(addr) : "memory");
+    }
+    // One arrival that also announces `bytes` of tensor copies completing on this barrier
+    // (before the copies are issued, so the transaction count never runs ahead).
+    __device__ __forceinline__ void arrive_expect_tx(unsigned bytes) const { mbar_arrive_tx(addr, bytes); }
+    // Returns once the phase of parity `parity` has completed. A fresh barrier counts the
+    // phase before its first as completed: waiting on parity 1 returns at once.
+    __device__ __forceinline__ void wait(unsigned parity) const { mbar_wait(addr, parity); }
+};
+
+// A producer/consumer ring of STAGES stages. full(it): the copies of the it-th fill have
+// landed (one producer arrival + the announced bytes); empty(it): every consumer is done
+// reading the stage (`consumers` arrivals). The it-th use of the ring is stage it % STAGES,
+// its (it / STAGES)-th phase.
+template <int STAGES> struct Pipeline {
+    unsigned base;  // 2 * STAGES barriers: full[0, STAGES), then empty[0, STAGES)
+    static constexpr unsigned BYTES = 16 * STAGES;
+
+    __device__ __forceinline__ static int stage(unsigned it) { return static_cast<int>(it % STAGES); }
+    __device__ __forceinline__ static unsigned parity(unsigned it) { return (it / STAGES) & 1u; }
+    __device__ __forceinline__ Barrier full(unsigned it) const { return {base + 8u * stage(it)}; }
+    __device__ __forceinline__ Barrier empty(unsigned it) const { return {base + 8u * (STAGES + stage(it))}; }
+
+    // One thread; then a block barrier before the ring is used.
+    __device__ __forceinline__ void init(unsigned consumers) const {
+        for (int s = 0; s < STAGES; ++s) {
+            Barrier{base + 8u * s}.init(1);
+            Barrier{base + 8u * (STAGES + s)}.init(consumers);
+        }
+        mbar_init_fence();
+    }
+    // Producer: wait until the consumers released the stage's previous use (the first
+    // STAGES uses pass at once), then announce the bytes of this fill.
+    __device__ __forceinline__ void producer_acquire(unsigned it) const { empty(it).wait(parity(it) ^ 1u); }
+    __device__ __forceinline__ void producer_expect(unsigned it, unsigned bytes) const {
+        full(it).arrive_expect_tx(bytes);
+    }
+    // Consumer: wait for the it-th fill; release it once nothing reads the stage any more.
+    __device__ __forceinline__ void consumer_wait(unsigned it) const { full(it).wait(parity(it)); }
+    __device__ __forceinline__ void consumer_release(unsigned it) const { empty(it).arrive(); }
+};
+
+// -------------------------------------------------------------------------------- wgmma
+// Descriptor of a 128-byte-swizzled shared-memory tile starting at `addr` (PTX "Matrix
+// Descriptor Format"): address >> 4 in bits [0, 14), LBO >> 4 in [16, 30), SBO >> 4 in
+// [32, 46), base offset 0 (atoms 1024-byte aligned), layout type 1 (128B swizzle) in [62, 64).
+__device__ __forceinline__ u64 wgmma_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return static_cast<u64>((addr & 0x3FFFFu) >> 4) | static_cast<u64>(lbo >> 4) << 16 |
+           static_cast<u64>(sbo >> 4) << 32 | 1ull << 62;
+}
+
+// A 16-bit operand tile of 64 K by a multiple of 64 M/N rows, as 128-byte-swizzled tensor
+// copies leave it: both majors keep each 64-row x 64-K piece in one 8192-byte block
+// (K-major: 64 rows of 128 bytes; MN-major: 64 k of 128 bytes), pieces back to back, so
+// rows [64p, 64p + 64) start at byte 8192p either way. desc(tile, k16) reads K
+// [16 k16, 16 k16 + 16): K-major steps 32 bytes along the rows (the swizzle is a function
+// of the address bits, so a shifted start reads the shifted columns); MN-major steps 16 k
+// rows, 2048 bytes.
+template <bool MN_MAJOR> struct SwizzledTile16 {
+    static constexpr unsigned PIECE_BYTES = 8192;
+    __device__ __forceinline__ static u64 desc(unsigned tile, int k16) {
+        if constexpr (MN_MAJOR) return wgmma_desc(tile + 2048u * k16, PIECE_BYTES, 1024);
+        else return wgmma_desc(tile + 32u * k16, 16, 1024);  // (LBO unused when K-major)
+    }
+};
+
+// Orders this warpgroup's register and shared-memory accesses before the wgmmas that follow
+// (before the first wgmma of a tile, and after the accumulators were read or written).
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+// Closes the group of wgmmas issued since the last commit.
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// Returns once at most N committed groups of this warpgroup are still running.
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Tells the compiler that the accumulators may have changed here (after wgmma_wait): the
+// code that reads them cannot be moved above the wait.
+template <int R> __device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d[128] (+)= A(desc) * B(desc), 64 x 256 x 16; TYPE is f16 or bf16; %128, %129 the
+// descriptors, %130 nonzero to accumulate (0: d = A * B), %131 / %132 the transpose
+// immediates of A and B.
+#define CUOPS_WGMMA_M64N256K16(TYPE)                                                        \
+    asm volatile(                                                                            \
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %130, 0;\n\t"                            \
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " "                     \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "\
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "\
+        "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, "\
+        "%52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, "\
+        "%69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, "\
+        "%86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, "\
+        "%102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, "\
+        "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, " \
+        "%128, %129, p, 1, 1, %131, %132;\n}\n"                                              \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),\
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),\
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),\
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),\
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),\
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),\
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),\
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),\
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),\
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),\
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),\
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),\
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),\
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),\
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),\
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+        : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0))
+
+// d (+)= A * B for a 64 x 256 x 16 step of a warpgroup: T is __half or __nv_bfloat16, A
+// and B in shared memory (descriptors da, db); TRANS_A: A is M-major (stored K x M),
+// TRANS_B: B is N-major (stored K x N); accumulate false: d = A * B.
+template <typename T, bool TRANS_A, bool TRANS_B>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], u64 da, u64 db, bool accumulate) {
+    if constexpr (IsF16<T>::value) CUOPS_WGMMA_M64N256K16("f16");
+    else CUOPS_WGMMA_M64N256K16("bf16");
+}
+#undef CUOPS_WGMMA_M64N256K16
+
+// ------------------------------------------------------------------ registers, barriers
+// Register reallocation between warpgroups: every thread of the warpgroup executes it, and
+// the kernel needs a register cap at entry (__launch_bounds__(threads, 1)), or ptxas drops
+// it with warning C7508 (the compile tests fail on any warning).
+template <int R> __device__ __forceinline__ void setmaxnreg_inc() {
+    static_assert(R % 8 == 0 && R >= 24 && R <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+}
+template <int R> __device__ __forceinline__ void setmaxnreg_dec() {
+    static_assert(R % 8 == 0 && R >= 24 && R <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+
+// A barrier among `threads` threads (a multiple of 32) of the block: ids 1..15 (0 is
+// __syncthreads) keep warpgroups that synchronise among themselves out of each other's way.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The warpgroup of the calling thread, uniform across the warp (the compiler can tell).
+__device__ __forceinline__ int warpgroup() { return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0); }
+
+}  // namespace sm90
+}  // namespace cuops
