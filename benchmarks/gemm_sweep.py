@@ -53,6 +53,7 @@ def main():
     ap.add_argument("--layouts", default="nn,nt", help="nn: a @ b; nt: a @ b.T (B stored N x K)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--feeds", default="tma,cp.async", help="stage feeds of the 16-bit mma rows")
+    ap.add_argument("--shapes", help="only these MxNxK (comma list)")
     args = ap.parse_args()
     flush = L2Flusher()
     results = []
@@ -60,6 +61,8 @@ def main():
         impl = which.removesuffix("_decode")
         mod = G._LAUNCHERS[impl]
         for dt, (M, N, K) in CASES[which]:
+            if args.shapes and f"{M}x{N}x{K}" not in args.shapes.split(","):
+                continue
             a = random_normal((M, K), dt, 1)
             b = random_normal((K, N), dt, 2)
             bt = cp.ascontiguousarray(b.T)

@@ -1,8 +1,9 @@
 """Summarise a cupyops-bench JSON file as the markdown tables of the README: for each case,
 the `auto` rung (what a user gets) against the copy-bandwidth targets of the foundation
-issue and against each baseline on the same inputs; for matmul, TFLOP/s and the ratios to
-cupy.matmul (cuBLAS) that the GEMM issue sets; for attention, TFLOP/s (decode: GB/s) and
-the ratios to PyTorch's SDPA backends that the attention issue sets.
+issue and against each baseline on the same inputs; for matmul, per operand layout (nn,
+nt), TFLOP/s and the ratios to cupy.matmul (cuBLAS) that the GEMM issue sets; for
+attention, TFLOP/s (decode: GB/s) and the ratios to PyTorch's SDPA backends that the
+attention issue sets.
 
     python benchmarks/summarize.py benchmarks/results/h200-full.json [more.json ...] > benchmarks/results/h200-summary.md
     python benchmarks/summarize.py benchmarks/results/h200-attention.json   (cupyops-bench --op attention --json ...)
@@ -23,7 +24,7 @@ def main(*paths):
         rows += json.load(open(extra))["results"]
     by_case = {}
     for r in rows:
-        key = (r["op"], r["axis"], r["dtype"], r["shape"], r.get("mask"))
+        key = (r["op"], r["axis"], r["dtype"], r["shape"], r.get("mask"), layout(r))
         by_case.setdefault(key, {})[r["impl"]] = r
     print(f"Device: {d['device']}; copy bandwidth {d['copy_bandwidth_GBps']:.0f} GB/s (read + write) "
           f"measured in the same run; {d.get('date', '')}.\n")
@@ -32,7 +33,7 @@ def main(*paths):
               "| target | vs torch | vs cupy |")
         print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     misses = []
-    for (op, axis, dt, shape, _), impls in by_case.items():
+    for (op, axis, dt, shape, _, _), impls in by_case.items():
         if op in ("matmul", "attention"):
             continue
         a = impls.get("auto")
@@ -74,13 +75,22 @@ def main(*paths):
     print(f"\n{len(misses)} case(s) miss a target or a baseline" + (": " + "; ".join(misses) if misses else "."))
 
 
+def layout(r):
+    """A matmul row's operand layout: "nn" (a @ b) or "nt" (x @ w.T); rows written before
+    the benchmark had layouts are nn. None for the other ops."""
+    return (r.get("layout") or "nn") if r["op"] == "matmul" else None
+
+
 # GEMM targets (issue 3), as ratios to cupy.matmul on the same shape: the rung they are set
-# for, per dtype and shape; decode shapes hold for `auto` (what a user gets).
+# for, per dtype and shape; decode shapes hold for `auto` (what a user gets). They were set
+# in the nn layout (matmul(a, b)); nt cases are reported without one.
 DECODE = ("1x4096x4096", "16x4096x4096", "1x11008x4096")
 SQUARE = ("4096x4096x4096", "8192x8192x8192")
 
 
-def gemm_target(dt, shape):
+def gemm_target(dt, shape, lay="nn"):
+    if lay != "nn":
+        return None
     if shape in SQUARE:
         return ("pipelined", 0.95) if dt == "float32" else ("mma", 0.60) if dt in ("float16", "bfloat16") else None
     if shape in DECODE and dt in ("float16", "bfloat16"):
@@ -94,17 +104,17 @@ def gemm_table(by_case):
     cases = [(k, v) for k, v in by_case.items() if k[0] == "matmul"]
     if not cases:
         return []
-    print("\n| dtype | MxNxK | auto ms | auto TFLOP/s | auto vs cupy | auto vs torch | rung | rung TFLOP/s | "
-          "rung vs cupy | target |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
+    print("\n| dtype | MxNxK | layout | auto ms | auto TFLOP/s | auto vs cupy | auto vs torch | rung | "
+          "rung TFLOP/s | rung vs cupy | target |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
     misses = []
     fp16_mma = {}
-    for (_, _, dt, shape, _), impls in cases:
+    for (_, _, dt, shape, _, lay), impls in cases:
         a = impls.get("auto")
         if a is None or a["status"] != "ok":
             continue
         cup, tor = impls.get("cupy"), impls.get("torch")
-        tgt = gemm_target(dt, shape)
+        tgt = gemm_target(dt, shape, lay)
         rung = impls.get(tgt[0]) if tgt else None
         cell_rung = cell_tf = cell_ratio = cell_tgt = ""
         if tgt and rung and rung["status"] == "ok":
@@ -116,10 +126,10 @@ def gemm_table(by_case):
             cell_tgt = f"{tgt[1]:.2f}" + ("" if ok else " **miss**")
             if not ok:
                 misses.append(f"matmul {tgt[0]} {dt} {shape}")
-        if shape == "8192x8192x8192" and impls.get("mma", {}).get("status") == "ok":
+        if shape == "8192x8192x8192" and lay == "nn" and impls.get("mma", {}).get("status") == "ok":
             fp16_mma[dt] = impls["mma"]["tflops"]
-        print(f"| {dt} | {shape} | {a['ms']:.4f} | {a['tflops']:.1f} | {_x(_ratio(a, cup), near=None)} | "
-              f"{_x(_ratio(a, tor), near=None)} | "
+        print(f"| {dt} | {shape} | {lay} | {a['ms']:.4f} | {a['tflops']:.1f} | "
+              f"{_x(_ratio(a, cup), near=None)} | {_x(_ratio(a, tor), near=None)} | "
               f"{cell_rung} | {cell_tf} | {cell_ratio} | {cell_tgt} |")
     if "int8" in fp16_mma and "float16" in fp16_mma:
         r = fp16_mma["int8"] / fp16_mma["float16"]
@@ -195,7 +205,7 @@ def attention_tables(by_case):
         print("\n| dtype | shape | mask | flash ms | flash TFLOP/s | vs torch-flash | vs torch-cudnn | "
               "auto TFLOP/s | auto vs best | best baseline | target |")
         print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
-        for (_, _, dt, shape, mask), impls in prefill:
+        for (_, _, dt, shape, mask, _), impls in prefill:
             f, a, best = impls.get(rung), impls.get("auto"), _best_baseline(impls)
             vs_flash = _ratio(f, impls.get(base))
             vs_cudnn = _ratio(f, impls.get("torch-cudnn"))
@@ -208,7 +218,7 @@ def attention_tables(by_case):
         print("\n| dtype | shape | mask | decode ms | decode GB/s | % copy BW | decode TFLOP/s | "
               "best SDPA | vs best SDPA | auto vs best | target |")
         print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
-        for (_, _, dt, shape, mask), impls in decode:
+        for (_, _, dt, shape, mask, _), impls in decode:
             d, a, best = impls.get(rung), impls.get("auto"), _best_baseline(impls)
             vs_best = _ratio(d, best)
             cell_tgt = _target_cell(d, vs_best, rung, tgt, f"attention {rung} {dt} {shape}", "best SDPA", misses)

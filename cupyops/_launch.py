@@ -29,6 +29,12 @@ class DeviceProps:
 _props = {}
 
 
+def current_device():
+    import cupy
+
+    return cupy.cuda.runtime.getDevice()
+
+
 def device_props(device_id=None):
     """Cached properties of the current (or given) device."""
     import cupy
@@ -150,11 +156,13 @@ def _head(fn, grid, block, smem):
     return func, (func.ptr, *grid, *(1,) * (3 - len(grid)), *block, *(1,) * (3 - len(block)), int(smem))
 
 
-def launch_with_structs(fn, grid, block, smem, args, *, driver_launch=None, current_stream=None):
+def launch_with_structs(fn, grid, block, smem, args, *, cluster=1, driver_launch=None, current_stream=None):
     """Launch ``fn`` on CuPy's current stream through ``cuLaunchKernel`` with ``args``:
     CuPy arrays (their device addresses), NumPy scalars, and ``bytes`` passed by value as
     a struct of that many bytes (a TMA tensor map: cupyops/_tma.py), which CuPy's launch
-    does not take. The driver copies each parameter as the kernel declares it."""
+    does not take. The driver copies each parameter as the kernel declares it.
+    ``cluster`` > 1: blocks run in clusters of that many along x (``cuLaunchKernelEx``;
+    grid x must be a multiple of it)."""
     driver_launch, current_stream = _driver(driver_launch, current_stream)
     _, head = _head(fn, grid, block, smem)
     slots = []
@@ -166,18 +174,77 @@ def launch_with_structs(fn, grid, block, smem, args, *, driver_launch=None, curr
         else:
             slots.append(ctypes.c_uint64(a.data.ptr))
     params = (ctypes.c_void_p * len(slots))(*[ctypes.addressof(v) for v in slots])
-    driver_launch(*head, current_stream().ptr, ctypes.addressof(params), 0)
+    if cluster == 1:
+        driver_launch(*head, current_stream().ptr, ctypes.addressof(params), 0)
+    else:
+        if head[1] % cluster:
+            raise ValueError(f"grid x {head[1]} is not a multiple of the cluster size {cluster}")
+        launch_cluster(head, current_stream().ptr, params, cluster)
+
+
+class _CuLaunchConfig(ctypes.Structure):  # CUlaunchConfig (cuda.h)
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p), ("attrs", ctypes.c_void_p),
+                ("numAttrs", ctypes.c_uint)]
+
+
+class _CuLaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding, a 64-byte union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
+
+
+_CLUSTER_DIMENSION = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION; the value's first 3 words: x, y, z
+
+
+def _cluster_attribute(cluster):
+    attr = _CuLaunchAttribute()
+    attr.id = _CLUSTER_DIMENSION
+    attr.value[0], attr.value[1], attr.value[2] = cluster, 1, 1
+    return attr
+
+
+def _libcuda():
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def launch_cluster(head, stream, params, cluster):
+    """cuLaunchKernelEx of ``head`` (what ``_head`` returns) in clusters of ``cluster``
+    blocks along x. CuPy's launch has no cluster dimension to give at run time."""
+    func, gx, gy, gz, bx, by, bz, smem = head
+    attr = _cluster_attribute(cluster)
+    cfg = _CuLaunchConfig(gx, gy, gz, bx, by, bz, smem, stream, ctypes.addressof(attr), 1)
+    err = _libcuda().cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(func), params, None)
+    if err != 0:
+        raise RuntimeError(f"cuLaunchKernelEx (clusters of {cluster}) failed: CUresult {err}")
+
+
+def max_active_clusters(fn, cluster, block, smem):
+    """How many clusters of ``cluster`` blocks of ``fn`` (its shared-memory opt-in already
+    made) the current GPU runs at once, from the driver's ``cuOccupancyMaxActiveClusters``;
+    None where it cannot say. A persistent grid of more clusters than that would run its
+    last ones after the others have finished."""
+    try:
+        query = _libcuda().cuOccupancyMaxActiveClusters
+    except (OSError, AttributeError):
+        return None
+    block = tuple(block) + (1,) * (3 - len(block))
+    attr = _cluster_attribute(cluster)
+    cfg = _CuLaunchConfig(cluster, 1, 1, *block, int(smem), None, ctypes.addressof(attr), 1)
+    count = ctypes.c_int(0)
+    func = getattr(fn, "kernel", fn)
+    err = query(ctypes.byref(count), ctypes.c_void_p(func.ptr), ctypes.byref(cfg))
+    return count.value if err == 0 and count.value > 0 else None
 
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
     """One kernel launch but its arguments: the kernel file and instantiation, the grid,
-    the block and the dynamic shared memory. A launcher's plan (a plain function of the
+    the block, the dynamic shared memory and the cluster size. A launcher's plan (a plain function of the
     problem's numbers, memoized per shape, checked by the CPU tier) returns one; calling
     it with the kernel's arguments does the rest the same way for every launcher: the
     function from the file's module, the shared-memory opt-in past 48 KB, and the launch
     itself, through CuPy, or through the driver when an argument is a struct passed by
-    value (``bytes``: a TMA tensor map).
+    value (``bytes``: a TMA tensor map) or the blocks run in clusters.
 
     ``what`` names the rung in a shared-memory error."""
 
@@ -187,13 +254,14 @@ class Launch:
     block: tuple
     smem: int = 0
     what: str = ""
+    cluster: int = 1  # blocks a cluster, along x
 
     def __call__(self, args):
         fn = self.kernels.function(self.name)
         if self.smem:
             request_smem(fn, self.smem, device_props(), self.what or self.name)
-        if any(type(a) is bytes for a in args):
-            launch_with_structs(fn, self.grid, self.block, self.smem, args)
+        if self.cluster > 1 or any(type(a) is bytes for a in args):
+            launch_with_structs(fn, self.grid, self.block, self.smem, args, cluster=self.cluster)
         else:
             fn(self.grid, self.block, args, shared_mem=self.smem)
 

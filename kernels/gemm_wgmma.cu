@@ -35,8 +35,12 @@
 // Launch geometry (cupyops/ops/_gemm_wgmma.py computes it):
 //   gemm_wgmma<T, TA, TB, STAGES>: block 128; grid (cdiv(M, 64) * cdiv(N, 256), 1, batch');
 //       dynamic shared memory STAGES * 40 KB + 1 KB (ring alignment) + 16 * STAGES.
-//   gemm_wgmma_ws<T, TA, TB, STAGES>: block 384; grid (min(tiles * batch, SMs), 1, 1) with
-//       tiles = cdiv(M, 128) * cdiv(N, 256); shared memory STAGES * 48 KB + 1 KB + 16 * STAGES.
+//   gemm_wgmma_ws<T, TA, TB, STAGES, CLUSTER>: block 384, clusters of CLUSTER blocks along x
+//       (given at launch, cuLaunchKernelEx: a kernel compiled with __cluster_dims__(1, 1, 1)
+//       ran 8-9 % slower than with none, so the size is not fixed in the kernel);
+//       grid (CLUSTER * min(units * batch, clusters that fit at once), 1, 1) with units =
+//       cdiv(M, 128 * CLUSTER) * cdiv(N, 256); shared memory STAGES * 48 KB + 1 KB +
+//       16 * STAGES.
 //   batch' = min(batch, 65535); gemm_wgmma loops z over the rest of the stack.
 #include "gemm_common.cuh"
 #include "sm90.cuh"
@@ -72,24 +76,35 @@ template <bool TA, bool TB, int BM> struct Stage {
     static constexpr bool MN_A = TA, MN_B = !TB;
     static constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, BYTES = A_BYTES + B_BYTES;
 
-    // The copies of one operand: rows [r0, r0 + ROWS) and K [k0, k0 + 64) of batch entry z.
-    template <bool MN, int ROWS>
+    // The copies of one operand: rows [r0, r0 + ROWS) and K [k0, k0 + 64) of batch entry z,
+    // into this block's stage (MASK == 0) or multicast to the blocks of the cluster in MASK.
+    template <bool MN, int ROWS, unsigned short MASK = 0>
     __device__ __forceinline__ static void load_operand(unsigned dst, const TmaMap* map, int k0, int r0, int z,
                                                         unsigned bar) {
         if constexpr (MN) {
 #pragma unroll
-            for (int p = 0; p < ROWS / 64; ++p)
-                tma_load_3d(dst + p * SwizzledTile16<true>::PIECE_BYTES, map, r0 + 64 * p, k0, z, bar);
+            for (int p = 0; p < ROWS / 64; ++p) {
+                const unsigned d = dst + p * SwizzledTile16<true>::PIECE_BYTES;
+                if constexpr (MASK) tma_load_3d_multicast(d, map, r0 + 64 * p, k0, z, bar, MASK);
+                else tma_load_3d(d, map, r0 + 64 * p, k0, z, bar);
+            }
         } else {
-            tma_load_3d(dst, map, k0, r0, z, bar);
+            if constexpr (MASK) tma_load_3d_multicast(dst, map, k0, r0, z, bar, MASK);
+            else tma_load_3d(dst, map, k0, r0, z, bar);
         }
     }
     // One thread: the copies of k-tile kt of tile (m0, n0) into the stage at `st`,
-    // completing on barrier `bar` (whose expected bytes are BYTES).
+    // completing on barrier `bar` (whose expected bytes are BYTES). In a cluster of
+    // CLUSTER blocks that share the tile's columns (tiles of consecutive rows), block
+    // `rank` copies its A and 1/CLUSTER of B, multicast to all: every block's stage
+    // receives the whole B, and B is read from L2 once for the cluster.
+    template <int CLUSTER = 1>
     __device__ __forceinline__ static void load(unsigned st, const TmaMap* ma, const TmaMap* mb, int kt, int m0,
-                                                int n0, int za, int zb, unsigned bar) {
+                                                int n0, int za, int zb, unsigned bar, int rank = 0) {
         load_operand<MN_A, BM>(st, ma, kt * BK, m0, za, bar);
-        load_operand<MN_B, BN>(st + A_BYTES, mb, kt * BK, n0, zb, bar);
+        constexpr int PART = BN / CLUSTER;  // rows of B this block copies
+        constexpr unsigned short ALL = CLUSTER == 1 ? 0 : (1u << CLUSTER) - 1;  // (0: no multicast)
+        load_operand<MN_B, PART, ALL>(st + A_BYTES + rank * PART * BK * 2, mb, kt * BK, n0 + rank * PART, zb, bar);
     }
     // The wgmmas of one warpgroup over the stage at `st`: rows [a_row, a_row + 64) of the A
     // tile against the whole B tile, 4 steps of 16 K. accumulate false: the first k-tile
@@ -194,43 +209,54 @@ __global__ void __launch_bounds__(gwg::WG, 1)
 constexpr int WS_PRODUCER_REGS = 40;
 constexpr int WS_CONSUMER_REGS = 232;
 
-template <typename T, bool TA, bool TB, int STAGES>
+template <typename T, bool TA, bool TB, int STAGES, int CLUSTER>
 __global__ void __launch_bounds__(3 * gwg::WG, 1)
     gemm_wgmma_ws(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB) {
     using namespace gwg;
     typedef Stage<TA, TB, 128> S;
     static_assert(sizeof(T) == 2, "wgmma rungs: float16 and bfloat16");
+    static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 blocks along M");
     extern __shared__ unsigned char smem_raw[];
     const unsigned ring = (smem_u32(smem_raw) + RING_ALIGN - 1) & ~(RING_ALIGN - 1);
     const Pipeline<STAGES> pipe{ring + STAGES * S::BYTES};
-    if (threadIdx.x == 0) pipe.init(2);  // an empty phase: one arrival per consumer warpgroup
+    // An empty phase: one arrival per consumer warpgroup of every block that writes into
+    // this block's stages (the cluster's, through the multicast of B).
+    if (threadIdx.x == 0) pipe.init(2 * CLUSTER);
     __syncthreads();
+    if constexpr (CLUSTER > 1) cluster_sync();  // every block's barriers exist before any multicast
 
-    const int TM = cdiv(M, 128), TN = cdiv(N, BN), KT = cdiv(K, BK);
+    // The cluster walks units of CLUSTER tiles stacked along M (rank r takes the r-th): a
+    // unit's tiles share their B columns. (A tile row past M, when TM is odd, is copied as
+    // zeros and not stored: its block still copies its share of B.)
+    const int rank = CLUSTER > 1 ? static_cast<int>(cluster_rank()) : 0;
+    const int TM = cdiv(M, 128 * CLUSTER), TN = cdiv(N, BN), KT = cdiv(K, BK);
     const long long tiles = static_cast<long long>(TM) * TN, total = tiles * batch;
+    const long long first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
     if (warpgroup() == 0) {  // producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x == 0) {
             unsigned it = 0;
-            for (long long t = blockIdx.x; t < total; t += gridDim.x) {
+            for (long long t = first; t < total; t += step) {
                 const int z = static_cast<int>(t / tiles);
                 int tm, tn;
                 tile_coords(static_cast<int>(t % tiles), TM, TN, tm, tn);
                 for (int kt = 0; kt < KT; ++kt, ++it) {
                     pipe.producer_acquire(it);
                     pipe.producer_expect(it, S::BYTES);
-                    S::load(ring + pipe.stage(it) * S::BYTES, &mapA, &mapB, kt, tm * 128, tn * BN,
-                            sA ? z : 0, sB ? z : 0, pipe.full(it).addr);
+                    S::template load<CLUSTER>(ring + pipe.stage(it) * S::BYTES, &mapA, &mapB, kt,
+                                              (tm * CLUSTER + rank) * 128, tn * BN, sA ? z : 0, sB ? z : 0,
+                                              pipe.full(it).addr, rank);
                 }
             }
         }
+        __syncwarp();
     } else {  // consumers: warpgroup 1 computes rows 0-63 of the tile, warpgroup 2 rows 64-127
         setmaxnreg_inc<WS_CONSUMER_REGS>();
         const int a_row = 64 * (warpgroup() - 1);
         const bool leader = threadIdx.x % WG == 0;
         float acc[128];
         unsigned it = 0;
-        for (long long t = blockIdx.x; t < total; t += gridDim.x) {
+        for (long long t = first; t < total; t += step) {
             const int z = static_cast<int>(t / tiles);
             int tm, tn;
             tile_coords(static_cast<int>(t % tiles), TM, TN, tm, tn);
@@ -240,14 +266,17 @@ __global__ void __launch_bounds__(3 * gwg::WG, 1)
                 S::template mma<T>(acc, ring + pipe.stage(it) * S::BYTES, a_row, kt > 0);
                 wgmma_commit();
                 // The previous k-tile's group is done (this one may still run): its stage
-                // goes back to the producer.
+                // goes back to the producer(s).
                 wgmma_wait<1>();
-                if (kt > 0 && leader) pipe.consumer_release(it - 1);
+                if (kt > 0 && leader) pipe.template consumer_release<CLUSTER>(it - 1);
             }
             wgmma_wait<0>();
-            if (leader) pipe.consumer_release(it - 1);
+            if (leader) pipe.template consumer_release<CLUSTER>(it - 1);
             fence_regs(acc);
-            store_tile<T>(acc, C + z * sC, D + z * sD, M, N, ldc, ldd, alpha, beta, tm * 128 + a_row, tn * BN);
+            store_tile<T>(acc, C + z * sC, D + z * sD, M, N, ldc, ldd, alpha, beta,
+                          (tm * CLUSTER + rank) * 128 + a_row, tn * BN);
         }
     }
+    // No block leaves while another may still arrive on its barriers.
+    if constexpr (CLUSTER > 1) cluster_sync();
 }

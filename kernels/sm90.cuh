@@ -5,7 +5,9 @@
 //   Pipeline<STAGES>   a ring of STAGES stages with a full and an empty barrier each; the
 //                      stage and the parity to wait for come from a running index `it`
 //                      (the it-th use of the ring), never from a hand-kept bitmask
-//   tensor copies      tma_load_3d (ptx.cuh: it serves the sm_90 mma feed too)
+//   tensor copies      tma_load_3d (ptx.cuh: it serves the sm_90 mma feed too), and its
+//                      cluster multicast form
+//   clusters           the block's rank, an arrival on another block's barrier
 //   wgmma              shared-memory matrix descriptors of 128-byte-swizzled tiles (both
 //                      operand majors), fence / commit_group / wait_group, m64n256k16 for
 //                      f16 and bf16 with the transpose immediates, fence_regs
@@ -52,6 +54,17 @@ struct Barrier {
     // One arrival that also announces `bytes` of tensor copies completing on this barrier
     // (before the copies are issued, so the transaction count never runs ahead).
     __device__ __forceinline__ void arrive_expect_tx(unsigned bytes) const { mbar_arrive_tx(addr, bytes); }
+    // One arrival on the barrier at the same offset in block `rank` of this cluster. Release
+    // at CTA scope, as a local arrive: the arrival only says that this warpgroup's wgmmas,
+    // already waited for, stopped reading a stage. (.release.cluster, a cluster-scope fence
+    // with every arrival, made the clustered GEMM run at half speed.)
+    __device__ __forceinline__ void arrive_at(unsigned rank) const {
+        asm volatile(
+            "{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, %0, %1;\n\t"
+            "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(addr),
+            "r"(rank)
+            : "memory");
+    }
     // Returns once the phase of parity `parity` has completed. A fresh barrier counts the
     // phase before its first as completed: waiting on parity 1 returns at once.
     __device__ __forceinline__ void wait(unsigned parity) const { mbar_wait(addr, parity); }
@@ -85,9 +98,38 @@ template <int STAGES> struct Pipeline {
         full(it).arrive_expect_tx(bytes);
     }
     // Consumer: wait for the it-th fill; release it once nothing reads the stage any more.
+    // In a cluster whose blocks fill each other's stages (multicast), a stage is released
+    // to the producers of every block: init(consumers) then counts the consumers of all.
     __device__ __forceinline__ void consumer_wait(unsigned it) const { full(it).wait(parity(it)); }
-    __device__ __forceinline__ void consumer_release(unsigned it) const { empty(it).arrive(); }
+    template <int CLUSTER = 1> __device__ __forceinline__ void consumer_release(unsigned it) const {
+        if constexpr (CLUSTER == 1) {
+            empty(it).arrive();
+        } else {
+#pragma unroll
+            for (int r = 0; r < CLUSTER; ++r) empty(it).arrive_at(r);
+        }
+    }
 };
+
+// -------------------------------------------------------------------------- clusters
+// This block's rank in its cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// tma_load_3d into every block of the cluster in `cta_mask` (bit r: block rank r): the box
+// lands at offset dst of each one's shared memory, and its bytes complete on the barrier at
+// offset bar of each one.
+__device__ __forceinline__ void tma_load_3d_multicast(unsigned dst, const TmaMap* map, int c0, int c1, int c2,
+                                                      unsigned bar, unsigned short cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+        "[%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(cta_mask)
+        : "memory");
+}
 
 // -------------------------------------------------------------------------------- wgmma
 // Descriptor of a 128-byte-swizzled shared-memory tile starting at `addr` (PTX "Matrix

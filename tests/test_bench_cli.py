@@ -98,7 +98,9 @@ def test_full_suite_is_the_acceptance_set():
     gemms = {(c.shape, c.dtype) for c in cs if c.op == "matmul"}
     assert {((4096, 4096, 4096), d) for d in ("float32", "float16", "bfloat16", "int8")} <= gemms
     assert {((8192, 8192, 8192), d) for d in ("float32", "float16", "bfloat16", "int8")} <= gemms
-    assert len(cs) == 1 + 5 * 9 + 9 + 6 * 4 + 14  # + the attention acceptance set
+    # matmul: the GEMM issue's 6 shapes x 4 dtypes in nn, and 22 Hopper cases (see
+    # test_full_suite_matmul_cases); + the attention acceptance set
+    assert len(cs) == 1 + 5 * 9 + 9 + 6 * 4 + 22 + 14
     assert cases.suite_ops("full") == cases.OPS
 
 
@@ -448,7 +450,7 @@ def test_attention_case_properties():
     assert c.shape_str == "B4xHq16xHkv16xSq4096xSkv4096xD128"
     assert str(c) == "attention causal bfloat16 B4xHq16xHkv16xSq4096xSkv4096xD128"
     assert (c.mask, c.causal_offset, c.decode, c.axis_str, c.row_wise) == ("causal", 0, False, "", False)
-    assert c.key == ("attention", "", "bfloat16", "B4xHq16xHkv16xSq4096xSkv4096xD128", "causal")
+    assert c.key == ("attention", "", "bfloat16", "B4xHq16xHkv16xSq4096xSkv4096xD128", "causal", "")
     br = cases.Case("attention", "float16", cases.AttnShape(2, 8, 2, 16, 100, 64), None, True,
                     "bottom_right")
     assert (br.mask, br.causal_offset, br.decode) == ("causal_br", 84, True)
@@ -995,6 +997,323 @@ def test_summarize_attention_tables(tmp_path):
             "torch-efficient | 0.90x | 0.90x | 1.00 **miss** |") in out
     assert out.strip().endswith("1 case(s) miss a target or a baseline: attention decode bfloat16 "
                                 "B16xHq32xHkv8xSq1xSkv4096xD128 vs best SDPA")
+
+
+# ------------------------------------------------------------------------ matmul layouts
+# The GEMM issue's full-suite shapes, in the order earlier sessions ran them (nn only)
+GEMM_ISSUE = [(1, 4096, 4096), (16, 4096, 4096), (1, 11008, 4096), (4096, 4096, 11008),
+              (8192, 8192, 8192), (4096, 4096, 4096)]
+HOPPER_SQUARES = [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192)]
+LLAMA3_8B_PREFILL = [(4096, 6144, 4096), (4096, 4096, 4096), (4096, 28672, 4096), (4096, 4096, 14336),
+                     (512, 6144, 4096), (512, 4096, 4096), (512, 28672, 4096), (512, 4096, 14336)]
+HALF = ("float16", "bfloat16")
+
+
+def test_parse_layouts():
+    assert cases.parse_layouts(None) is None
+    assert cases.parse_layouts(["nt,NN", "nt"]) == ("nt", "nn")
+    for bad in ("tn", "t", "nn nt", "linear"):
+        with pytest.raises(ValueError, match=f"--layout: unknown layout '{bad}'; expected nn"):
+            cases.parse_layouts([bad])
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--op", "matmul", "--layout", "tn"], "--layout: unknown layout 'tn'"),
+    (["--op", "matmul", "--layout", "nt,bogus"], "--layout: unknown layout 'bogus'"),
+    (["--op", "softmax", "--layout", "nt"], "--layout: applies to matmul only"),
+    (["--op", "matmul", "--layout", "nt"], "--layout: the quick suite runs matmul in nn only, not nt"),
+    (["--layout", "nt"], "--layout: the quick suite runs matmul in nn only"),
+    (["--op", "matmul", "--shape", "64x64", "--layout", "nt"], "--shape: matmul takes MxNxK"),
+])
+def test_bad_layout_options_exit_2(argv, msg, capsys):
+    with pytest.raises(SystemExit) as exc:
+        plan_for(argv)
+    assert exc.value.code == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_matmul_case_layout():
+    nn = cases.Case("matmul", "bfloat16", (4096, 4096, 4096), None)
+    nt = cases.Case("matmul", "bfloat16", (4096, 4096, 4096), None, layout="nt")
+    assert (nn.layout, nt.layout) == ("nn", "nt") and nn != nt and nn.key != nt.key
+    assert str(nt) == "matmul bfloat16 4096x4096x4096 nt"
+    assert str(nn) == "matmul bfloat16 4096x4096x4096 nn"
+    assert nt.shape_str == "4096x4096x4096"  # the JSON's shape; the layout has its own key
+    # the same work and the same bytes to move in either layout
+    assert (cases.flops(nt), cases.bytes_moved(nt)) == (cases.flops(nn), cases.bytes_moved(nn))
+    assert cases.Case("softmax", "float32", (4, 4), layout="nt").layout == ""
+    assert str(cases.Case("softmax", "float32", (4, 4))) == "softmax axis=-1 float32 4x4"
+    with pytest.raises(ValueError, match="matmul layout 'tn'"):
+        cases.Case("matmul", "float16", (4, 4, 4), None, layout="tn")
+
+
+def test_quick_suite_matmul_is_unchanged():
+    cs = [c for c in cases.expand_cases(cases.suite_ops("quick"), "quick") if c.op == "matmul"]
+    assert [(c.shape, c.layout, c.dtype) for c in cs] == [
+        (s, "nn", d) for s in GEMM_ISSUE[:5] for d in HALF]
+
+
+def test_full_suite_matmul_cases():
+    cs = [c for c in cases.expand_cases(cases.OPS, "full") if c.op == "matmul"]
+    got = [(c.shape, c.layout, c.dtype) for c in cs]
+    assert len(got) == len(set(got)) == 46  # no case twice
+    issue = [(s, "nn", d) for s in GEMM_ISSUE for d in ("float32", "float16", "bfloat16", "int8")]
+    want = set(issue)
+    want |= {(s, lay, d) for s in HOPPER_SQUARES for lay in ("nn", "nt") for d in HALF}
+    want |= {(s, "nt", d) for s in LLAMA3_8B_PREFILL for d in HALF}
+    assert set(got) == want
+    assert got[:24] == issue  # compared across sessions: first, as they always ran
+    layouts = [lay for _, lay, _ in got]
+    assert layouts == sorted(layouts) and layouts.index("nt") == 26  # every nn case, then nt
+    # float32 and int8 stay on the GEMM issue's shapes (in nn)
+    assert {(s, lay) for s, lay, d in got if d in ("float32", "int8")} == {(s, "nn") for s in GEMM_ISSUE}
+    # 4096^3 nt is a square and Llama's o projection: once
+    assert got.count(((4096, 4096, 4096), "nt", "bfloat16")) == 1
+    assert (got.index(((4096, 4096, 4096), "nt", "float16"))
+            < got.index(((4096, 6144, 4096), "nt", "float16")))  # kept among the squares
+
+
+def test_layout_option_on_suites_and_shapes():
+    def got(argv):
+        plan, _ = plan_for(["--op", "matmul", *argv])
+        return [(c.shape, c.layout, c.dtype) for c, _ in plan]
+
+    nt = got(["--suite", "full", "--layout", "nt"])  # the suite's nt cases only
+    assert nt == [(s, "nt", d) for s in HOPPER_SQUARES + [LLAMA3_8B_PREFILL[0]] + LLAMA3_8B_PREFILL[2:]
+                  for d in HALF]
+    nn = got(["--suite", "full", "--layout", "NN"])
+    assert {lay for _, lay, _ in nn} == {"nn"} and len(nn) == 24 + 2
+    assert got(["--suite", "full", "--layout", "nt,nn"]) == got(["--suite", "full"])
+    # an explicit shape: nn unless --layout, then in each layout given, in its order
+    assert got(["--shape", "64x32x128", "--dtype", "bf16"]) == [((64, 32, 128), "nn", "bfloat16")]
+    assert got(["--shape", "64x32x128,128x64x32", "--dtype", "bf16", "--layout", "nt,nn"]) == [
+        ((64, 32, 128), "nt", "bfloat16"), ((128, 64, 32), "nt", "bfloat16"),
+        ((64, 32, 128), "nn", "bfloat16"), ((128, 64, 32), "nn", "bfloat16")]
+    # without --dtype, the dtypes of the suite's matmul cases
+    assert got(["--suite", "full", "--shape", "64x32x128", "--layout", "nt"]) == [
+        ((64, 32, 128), "nt", d) for d in ("float32", "float16", "bfloat16", "int8")]
+    assert got(["--shape", "64x32x128", "--layout", "nt"]) == [((64, 32, 128), "nt", d) for d in HALF]
+    # with other ops the 3-D shapes are matmul's, and --layout reaches them
+    plan, _ = plan_for(["--op", "rms_norm,matmul", "--shape", "64x64,64x32x128", "--layout", "nt",
+                        "--dtype", "fp16"])
+    assert [(c.shape, c.layout) for c, _ in plan if c.op == "matmul"] == [((64, 32, 128), "nt")]
+
+
+def test_list_shows_the_layout(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "load_variants", fake_variants)
+    assert cli.main(["--op", "matmul", "--suite", "full", "--dtype", "bf16", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert ("matmul bfloat16 4096x28672x4096 nt: naive (skipped), tiled (skipped), regblock, "
+            "pipelined, wmma, mma, skinny, auto, cupy, torch") in out
+    assert "matmul bfloat16 4096x4096x4096 nn: naive (skipped), tiled (skipped), regblock, " \
+           "pipelined, wmma, mma, skinny, auto, cupy, torch" in out
+    # 6 + 1 nn, 3 + 7 nt; naive and tiled left out of the 14 products above 2^31 MACs
+    assert out[-1] == "17 cases, 142 impl runs"
+
+
+def test_help_names_the_layouts(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for text in ("--layout LAYOUTS", "x @ w.T, w stored N x K", "--layout nn,nt", "Llama-3-8B",
+                 "Mx28672x4096 gate+up", "2048^3, 4096^3, 8192^3 in nn and nt",
+                 '"4096x4096x4096 nt"'):
+        assert text in out, text
+
+
+def matmul_rows():
+    """4096^3 bf16 in both layouts, and a decode row written before rows had a layout."""
+    fl = 2 * 4096 ** 3
+
+    def base(shape, layout, flops, **kw):
+        r = {"op": "matmul", "axis": None, "dtype": "bfloat16", "shape": shape, "bytes": 10**8,
+             "flops": flops, "gbps_meaningful": True, "ms_min": None, "repeats": 20,
+             "tolerance": 1e-2, "rel_error": 2e-3, "status": "ok", "note": None, **kw}
+        if layout:
+            r["layout"] = layout
+        return r
+
+    rows = []
+    for layout, ms, cupy_ms in (("nn", 0.30, 0.195), ("nt", 0.28, 0.20)):
+        rows += [base("4096x4096x4096", layout, fl, impl="mma", kind="variant", ms=ms),
+                 base("4096x4096x4096", layout, fl, impl="auto", kind="auto", ms=ms),
+                 base("4096x4096x4096", layout, fl, impl="cupy", kind="baseline", ms=cupy_ms),
+                 base("4096x4096x4096", layout, fl, impl="torch", kind="baseline", ms=0.21)]
+    fl = 2 * 4096 * 4096
+    rows += [base("1x4096x4096", None, fl, impl="auto", kind="auto", ms=0.02),
+             base("1x4096x4096", None, fl, impl="cupy", kind="baseline", ms=0.018)]
+    return rows
+
+
+def test_matmul_report_keeps_the_layouts_apart():
+    rows = report.finalize(matmul_rows(), copy_gbps=3000.0)
+    by = {(report.layout_of(r), r["shape"], r["impl"]): r for r in rows}
+    assert len(by) == len(rows)
+    nn, nt = by[("nn", "4096x4096x4096", "mma")], by[("nt", "4096x4096x4096", "mma")]
+    # each layout against the baselines of its own layout
+    assert nn["baseline"] == "cupy" and nn["speedup_vs_best_baseline"] == pytest.approx(0.195 / 0.30)
+    assert nt["speedups"] == pytest.approx({"cupy": 0.20 / 0.28, "torch": 0.21 / 0.28})
+    assert by[("nn", "1x4096x4096", "auto")]["speedup_vs_best_baseline"] == pytest.approx(0.9)
+
+    lines = report.format_table(rows).splitlines()
+    line = next(ln for ln in lines if " mma " in ln and " nt " in ln)
+    assert " 4096x4096x4096 nt " in line and "0.2800" in line and "0.71x" in line
+    assert any(" auto " in ln and " 1x4096x4096 nn " in ln for ln in lines)  # no layout: nn
+    assert lines.count("") == 2  # three cases: 4096^3 nn, 4096^3 nt, 1x4096x4096
+    md = report.format_markdown(meta(), rows)
+    assert "| matmul |  | mma | bfloat16 | 4096x4096x4096 nt | 0.2800 |" in md
+    assert "| matmul |  | mma | bfloat16 | 4096x4096x4096 nn | 0.3000 |" in md
+    assert "- matmul layouts, after the shape: nn = a @ b, b stored K x N" in md
+    attn_meta = dict(meta(), settings=dict(meta()["settings"], ops=["attention"]))
+    assert "matmul layouts" not in "\n".join(report.header_lines(attn_meta))
+    doc = json.loads(report.to_json(meta(), rows))
+    assert [(r.get("layout"), r["shape"]) for r in doc["results"] if r["impl"] == "mma"] == [
+        ("nn", "4096x4096x4096"), ("nt", "4096x4096x4096")]
+
+
+def test_summarize_matmul_layouts(tmp_path):
+    rows = report.finalize(matmul_rows(), copy_gbps=3000.0)
+    path = tmp_path / "matmul.json"
+    path.write_text(report.to_json(meta(), rows))
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "summarize.py"), str(path)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "| dtype | MxNxK | layout | auto ms | auto TFLOP/s | auto vs cupy |" in out
+    # the GEMM issue's targets hold for nn; nt is reported beside it, without one
+    assert ("| bfloat16 | 4096x4096x4096 | nn | 0.3000 | 458.1 | 0.65x | 0.70x | mma | 458.1 | "
+            "0.65x | 0.60 |") in out
+    assert "| bfloat16 | 4096x4096x4096 | nt | 0.2800 | 490.9 | 0.71x | 0.75x |  |  |  |  |" in out
+    # a row from before layouts is nn, and keeps its decode target
+    assert "| bfloat16 | 1x4096x4096 | nn | 0.0200 | 1.7 | 0.90x | - | auto | 1.7 | 0.90x | 0.80 |" in out
+    assert out.strip().endswith("0 case(s) miss a target or a baseline.")
+
+
+# --- the operands each impl gets, on the host: NumPy arrays stand in for CuPy's
+class HostArray(np.ndarray):
+    """A NumPy array with CuPy's .get()."""
+
+    def get(self):
+        return np.array(self)
+
+
+def host_normal(shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    if dtype == "int8":
+        return rng.integers(-128, 128, size=shape, dtype=np.int8).view(HostArray)
+    return rng.standard_normal(shape).astype(dtype).view(HostArray)
+
+
+def fake_matmul_gpu(monkeypatch):
+    """runners' matmul path on the host: inputs from host_normal, a fake cupy module, and
+    cupyops.matmul, cupy.matmul, torch.matmul and torch._int_mm that record their operands
+    in ``seen`` and multiply with NumPy (int8 into int32, as _int_mm)."""
+    import types
+
+    import cupyops
+    from cupyops.bench import runners
+
+    seen = {}
+
+    def product(who, a, b, unwrap=lambda t: t):
+        seen[who] = (a, b)
+        a, b = np.asarray(unwrap(a)), np.asarray(unwrap(b))
+        if a.dtype == np.int8:
+            a, b = a.astype(np.int32), b.astype(np.int32)
+        return np.matmul(a, b).view(HostArray)
+
+    cupy = types.ModuleType("cupy")
+    cupy.asarray = lambda a, dtype=None: np.asarray(a, dtype=dtype).view(HostArray)
+    cupy.matmul = lambda a, b: product("cupy", a, b)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(runners, "random_normal", host_normal)
+    monkeypatch.setattr(cupyops, "matmul", lambda a, b, out=None, impl=None: product("cupyops", a, b),
+                        raising=False)
+    torch = types.ModuleType("torch")
+    torch.from_dlpack = FakeTensor
+    torch.nn = types.SimpleNamespace(functional=None)
+    torch.matmul = lambda a, b: product("torch", a, b, lambda t: t.a)
+    torch._int_mm = lambda a, b: product("torch._int_mm", a, b, lambda t: t.a)
+    return torch, seen
+
+
+@pytest.mark.parametrize("check_limit", [cases.CHECK_LIMIT, 1])  # every row; 64 sampled rows
+def test_nt_case_hands_every_impl_the_same_transposed_view(monkeypatch, check_limit):
+    from cupyops.bench import runners
+
+    torch, seen = fake_matmul_gpu(monkeypatch)
+    M, N, K = 80, 24, 40
+    data = runners.prepare(cases.Case("matmul", "float32", (M, N, K), None, layout="nt"), seed=3,
+                           check_limit=check_limit)
+    b = data.weight
+    # the logical K x N operand is the transpose of an N x K allocation: a view, no copy
+    assert b.shape == (K, N) and b.strides == (4, 4 * K)
+    assert b.flags.f_contiguous and not b.flags.c_contiguous
+    w = b.base
+    assert w.shape == (N, K) and w.flags.c_contiguous
+    assert data.x.shape == (M, K) and data.x.flags.c_contiguous
+    # the reference is x @ w.T, on every row or on the 64 sampled ones
+    rows = np.arange(M) if data.rows is None else np.asarray(data.rows)
+    assert len(rows) == (M if check_limit == cases.CHECK_LIMIT else 64)
+    want = np.asarray(data.x, dtype=np.float64) @ np.asarray(w, dtype=np.float64).T
+    np.testing.assert_allclose(data.ref, want[rows], rtol=1e-12)
+
+    results = [runners.cupyops_call(data, "mma")(), runners.baseline_call(data, "cupy")(),
+               runners.baseline_call(data, "torch", torch)()]
+    assert seen["cupyops"][0] is data.x and seen["cupyops"][1] is b
+    assert seen["cupy"][0] is data.x and seen["cupy"][1] is b
+    tx, tb = seen["torch"]  # DLPack views of the same memory, strides and all
+    assert tx.a.strides == data.x.strides and np.shares_memory(tx.a, data.x)
+    assert tb.a.shape == (K, N) and tb.a.strides == b.strides and np.shares_memory(tb.a, w)
+    for y in results:
+        assert runners.check(data, y) < 1e-6
+
+
+def test_nn_case_keeps_b_row_major(monkeypatch):
+    from cupyops.bench import runners
+
+    torch, seen = fake_matmul_gpu(monkeypatch)
+    data = runners.prepare(cases.Case("matmul", "float16", (32, 24, 40), None), seed=0)
+    assert data.weight.shape == (40, 24) and data.weight.flags.c_contiguous
+    runners.baseline_call(data, "torch", torch)()
+    assert seen["torch"][1].a.strides == (2 * 24, 2)
+    want = np.asarray(data.x, dtype=np.float64) @ np.asarray(data.weight, dtype=np.float64)
+    np.testing.assert_allclose(data.ref, want, rtol=1e-12)
+
+
+def test_int8_nt_torch_baseline_gets_the_transposed_view(monkeypatch):
+    from cupyops.bench import runners
+
+    torch, seen = fake_matmul_gpu(monkeypatch)
+    data = runners.prepare(cases.Case("matmul", "int8", (32, 24, 40), None, layout="nt"), seed=1)
+    y = runners.baseline_call(data, "torch", torch)()
+    tb = seen["torch._int_mm"][1]
+    assert tb.a.shape == (40, 24) and tb.a.strides == (1, 40) and np.shares_memory(tb.a, data.weight)
+    assert runners.check(data, y) == 0.0
+    with pytest.raises(TypeError, match="cupy.matmul of int8"):
+        runners.baseline_call(data, "cupy")
+
+
+def test_run_case_rows_for_an_nt_matmul(monkeypatch):
+    """One nt case through run_case with the GPU parts faked: every impl validated against
+    the same reference, and every row carrying the layout beside the plain shape."""
+    from cupyops.bench import runners, timing
+
+    torch, seen = fake_matmul_gpu(monkeypatch)
+    monkeypatch.setattr(runners, "validate_cupyops",
+                        lambda data, call: (runners.check(data, call()), None))
+    monkeypatch.setattr(timing, "time_gpu", lambda fn, **kw: timing.Timing(0.5, 0.4, 3))
+    case = cases.Case("matmul", "float32", (64, 32, 48), None, layout="nt")
+    args = cli.build_parser().parse_args(["--op", "matmul", "--layout", "nt"])
+    impls = cases.impls_for(case, ["naive", "mma"])
+    rows = report.finalize(cli.run_case(case, impls, args, None, torch), copy_gbps=3000.0)
+    assert [(r["impl"], r["status"], r["layout"], r["shape"]) for r in rows] == [
+        (name, "ok", "nt", "64x32x48") for name in ("naive", "mma", "auto", "cupy", "torch")]
+    assert all(r["rel_error"] < 1e-6 for r in rows)
+    assert seen["torch"][1].a.strides == (4, 4 * 48)
+    doc = json.loads(report.to_json(meta(), rows))
+    assert {r["layout"] for r in doc["results"]} == {"nt"}
 
 
 def test_bench_modules_do_not_import_cupy():

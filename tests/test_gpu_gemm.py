@@ -318,6 +318,7 @@ def config_cases():
 
 @pytest.mark.parametrize("impl,dtype,cfg", list(config_cases()))
 def test_every_tile_config_every_layout(impl, dtype, cfg):
+    require(impl)
     # auto picks one configuration per shape; the sweep and users may force any other, and
     # each is its own instantiation (warp layout, ring depth, fragment mapping): all must be
     # right on partial tiles, several k-tiles, every layout, aligned and misaligned.
@@ -383,9 +384,15 @@ def test_tma_feed_every_config_every_layout(dtype, cfg, monkeypatch):
                     what, launched)
 
 
+def wgmma_configs():
+    for impl in G._gemm_wgmma.VARIANTS:
+        for cfg in G._gemm_wgmma.CONFIGS[impl] or (None,):
+            yield pytest.param(impl, cfg, id=f"{impl}-{cfg}")
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("impl", list(G._gemm_wgmma.VARIANTS))
-def test_wgmma_runs_its_kernel_every_layout(impl, dtype, monkeypatch):
+@pytest.mark.parametrize("impl,cfg", list(wgmma_configs()))
+def test_wgmma_runs_its_kernel_every_layout(impl, cfg, dtype, monkeypatch):
     # Aligned operands (every extent a multiple of 8 elements, none of a tile) must run the
     # wgmma kernel itself, not mma's fallback: every layout (both transpose immediates),
     # zero-filled edge boxes in M, N and K, several k-tiles, stacks with the batch
@@ -409,10 +416,12 @@ def test_wgmma_runs_its_kernel_every_layout(impl, dtype, monkeypatch):
                 del launched[:]
                 for p in G._problems(dtype, ta, tb, M, N, K, cp.asarray(a), cp.asarray(b), cp.asarray(c), d,
                                      batch, 1.5, -0.5, cp):
-                    mod.launch(impl, p)
-                what = f"{impl} {dtype} {M}x{N}x{K} ta={ta} tb={tb} {batch_a}/{batch_b}"
+                    mod.launch(impl, p, cfg)
+                what = f"{impl} {cfg} {dtype} {M}x{N}x{K} ta={ta} tb={tb} {batch_a}/{batch_b}"
                 check(d, ref, dtype, K, what)
-                assert launched and all(n.startswith(f"gemm_{impl}<") for n in launched), (what, launched)
+                suffix = f", {mod.cluster_of(impl, cfg)}>" if impl == "wgmma_ws" else ">"
+                assert launched and all(n.startswith(f"gemm_{impl}<") and n.endswith(suffix) for n in launched), (
+                    what, launched)
 
 
 def test_wgmma_falls_back_to_mma_where_no_tensor_map_fits(monkeypatch):

@@ -84,12 +84,26 @@ SLOW_LIMIT = 2**24
 CHECK_LIMIT = 2**22
 
 _BIG_SHAPES = ((16384, 8192), (65536, 1024), (1024, 131072))
+_HALF = ("float16", "bfloat16")
 # matmul shapes are (M, N, K). LLM inference: decode (M = 1, 16 token rows against a
 # 4096x4096 or 4096x11008 weight), a prefill MLP projection, and the big square.
 _LLM_GEMMS = ((1, 4096, 4096), (16, 4096, 4096), (1, 11008, 4096), (4096, 4096, 11008),
               (8192, 8192, 8192))
 _SQUARE_GEMMS = ((4096, 4096, 4096), (8192, 8192, 8192))
+_HOPPER_SQUARES = ((2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192))
+# Llama-3-8B's prefill projections as x @ w.T: q/k/v fused (N = 4096 + 2 * 1024), o, gate
+# and up fused (2 * 14336), down; at 4096 and at 512 tokens.
+_LLAMA3_8B_PREFILL = tuple((m, n, k) for m in (4096, 512)
+                           for n, k in ((6144, 4096), (4096, 4096), (28672, 4096),
+                                        (4096, 14336)))
 _TRACE_SHAPE = (5977, 7890)  # awkward, non-square: the acceptance shape for trace
+
+# matmul operand layouts. nn: a @ b with b stored K x N (row-major), what matmul(a, b)
+# of two plain arrays is; nt: an LLM linear layer, x @ w.T with the weight w stored N x K
+# and w.T a view (no copy), so b is K-contiguous (column-major). Every impl and baseline of
+# a case gets the same operands in the same layout.
+LAYOUTS = ("nn", "nt")
+LAYOUT_HELP = "nn (a @ b, b stored K x N) or nt (x @ w.T, w stored N x K, w.T a view)"
 
 
 class AttnShape(NamedTuple):
@@ -129,7 +143,6 @@ DECODE_MAX_Q = 16
 # D = 64, causal and not, and GQA 32:8 at 8192 tokens (causal, as in a decoder's prefill);
 # decode: one new token per sequence against a 4K or 32K KV cache, batch 16 and 64, GQA
 # 32:8. For Sq = 1 a bottom-right causal mask sees every key: decode runs unmasked.
-_HALF = ("float16", "bfloat16")
 ATTENTION_CASES = (
     (AttnShape(4, 16, 16, 4096, 4096, 128), ("none", "causal"), _HALF),
     (AttnShape(4, 32, 32, 4096, 4096, 64), ("none", "causal"), _HALF),
@@ -137,21 +150,33 @@ ATTENTION_CASES = (
     *((AttnShape(b, 32, 8, 1, skv, 128), ("none",), ("bfloat16",))
       for b in (16, 64) for skv in (4096, 32768)),
 )
-# suite -> op ("*" = any other op) -> (shapes, dtypes); attention: ATTENTION_CASES
+# matmul: groups of (shapes, layouts, dtypes), expanded layout by layout, a case met twice
+# kept once. The full suite keeps the GEMM issue's nn set in every dtype (compared across
+# sessions) and adds the Hopper GEMM acceptance set in the 16-bit dtypes only: squares
+# in both layouts, Llama-3-8B prefill as the model runs it (nt). float32 and int8 stay off
+# the new shapes, where the float32 rungs would make the run long for nothing targeted.
+MATMUL_QUICK = ((_LLM_GEMMS, ("nn",), _HALF),)
+MATMUL_FULL = (
+    (_LLM_GEMMS + _SQUARE_GEMMS[:1], ("nn",), FLOAT_DTYPES + ("int8",)),
+    (_HOPPER_SQUARES, LAYOUTS, _HALF),
+    (_LLAMA3_8B_PREFILL, ("nt",), _HALF),
+)
+# suite -> op ("*" = any other op) -> (shapes, dtypes); attention: ATTENTION_CASES;
+# matmul: MATMUL_*
 SUITES = {
     # One mid-size shape, the 4-byte and the bf16 path: a smoke run of every rung that
     # still fills the GPU (64 MiB of float32 is above any L2). Attention is not in the
     # default selection of this suite (SUITE_OPS): `--op attention` runs its acceptance set.
     "quick": {
         "trace": ((_TRACE_SHAPE,), ("float32",)),
-        "matmul": (_LLM_GEMMS, ("float16", "bfloat16")),
+        "matmul": MATMUL_QUICK,
         "attention": ATTENTION_CASES,
         "*": (((4096, 4096),), ("float32", "bfloat16")),
     },
     # The acceptance shapes: square-ish, many short rows, few very long rows.
     "full": {
         "trace": ((_TRACE_SHAPE,), ("float32",)),
-        "matmul": (_LLM_GEMMS + _SQUARE_GEMMS[:1], FLOAT_DTYPES + ("int8",)),
+        "matmul": MATMUL_FULL,
         "attention": ATTENTION_CASES,
         "*": (_BIG_SHAPES, FLOAT_DTYPES),
     },
@@ -163,7 +188,8 @@ SUITE_OPS = {"quick": tuple(op for op in OPS if op != "attention"), "full": OPS}
 @dataclass(frozen=True)
 class Case:
     """One input to time every impl on: op, dtype, shape and (for reductions) axis;
-    attention: an AttnShape and its mask (causal, causal_align)."""
+    attention: an AttnShape and its mask (causal, causal_align); matmul: (M, N, K) and
+    the operand layout (LAYOUTS)."""
 
     op: str
     dtype: str
@@ -171,6 +197,7 @@ class Case:
     axis: object = -1  # -1, or None for a reduction over everything (trace: None)
     causal: bool = False  # attention only
     causal_align: str = "top_left"  # attention only: "top_left" | "bottom_right"
+    layout: str = "nn"  # matmul only: "nn" | "nt"; "" for the other ops
 
     def __post_init__(self):
         if self.op == "attention":
@@ -178,6 +205,10 @@ class Case:
             object.__setattr__(self, "axis", None)
             if not self.causal:  # one spelling per mask, so equal cases compare equal
                 object.__setattr__(self, "causal_align", "top_left")
+        if self.op != "matmul":  # one spelling again: no layout outside matmul
+            object.__setattr__(self, "layout", "")
+        elif self.layout not in LAYOUTS:
+            raise ValueError(f"matmul layout {self.layout!r}; expected one of {', '.join(LAYOUTS)}")
 
     @property
     def numel(self):
@@ -240,12 +271,13 @@ class Case:
 
     @property
     def key(self):
-        return (self.op, self.axis_str, self.dtype, self.shape_str, self.mask)
+        return (self.op, self.axis_str, self.dtype, self.shape_str, self.mask, self.layout)
 
     def __str__(self):
         axis = f" axis={self.axis_str}" if self.axis_str else ""
         mask = f" {self.mask}" if self.mask else ""
-        return f"{self.op}{axis}{mask} {self.dtype} {self.shape_str}"
+        layout = f" {self.layout}" if self.layout else ""  # as the report's shape column
+        return f"{self.op}{axis}{mask} {self.dtype} {self.shape_str}{layout}"
 
 
 @dataclass(frozen=True)
@@ -379,6 +411,21 @@ def parse_masks(values):
     return tuple(masks)
 
 
+def parse_layouts(values):
+    """--layout: matmul operand layouts, e.g. 'nn,NT' -> ('nn', 'nt')."""
+    items = split_list(values)
+    if not items:
+        return None
+    layouts = []
+    for item in items:
+        layout = item.lower()
+        if layout not in LAYOUTS:
+            raise ValueError(f"--layout: unknown layout {item!r}; expected {LAYOUT_HELP}")
+        if layout not in layouts:
+            layouts.append(layout)
+    return tuple(layouts)
+
+
 def parse_shapes(values):
     items = split_list(values)
     if not items:
@@ -427,12 +474,14 @@ def suite_ops(suite):
     return SUITE_OPS[suite]
 
 
-def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None, masks=None):
-    """Every (op, axis, shape, dtype) to run (attention: (shape, mask, dtype)). Explicit
-    dtypes/shapes/axes/masks replace the suite's; a dtype an op does not take is left out
-    for that op only. Attention shapes (named dimensions) go to attention only, the
-    others to the other ops; when several ops are selected, an op given no shape of its
-    kind is left out."""
+def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None, masks=None,
+                 layouts=None):
+    """Every (op, axis, shape, dtype) to run (attention: (shape, mask, dtype); matmul:
+    (layout, shape, dtype)). Explicit dtypes/shapes/axes replace the suite's; masks and
+    layouts select among the suite's (see _attention_cases, _matmul_cases); a dtype an op
+    does not take is left out for that op only. Attention shapes (named dimensions) go to
+    attention only, the others to the other ops; when several ops are selected, an op given
+    no shape of its kind is left out."""
     cases = []
     for op in ops:
         if shapes:
@@ -451,12 +500,19 @@ def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None, masks=
         if op == "attention":
             cases += _attention_cases(suite, dtypes, shapes_for_op, masks)
             continue
+        if op == "matmul":
+            if shapes_for_op and len(ops) > 1:  # the 2-D shapes are the other ops'
+                shapes_for_op = tuple(s for s in shapes_for_op if len(s) == 3)
+                if not shapes_for_op:
+                    continue
+            cases += _matmul_cases(suite, dtypes, shapes_for_op, layouts)
+            continue
         suite_shapes, suite_dtypes = suite_spec(suite, op)
         op_shapes = shapes_for_op or suite_shapes
         op_dtypes = [d for d in (dtypes or suite_dtypes) if d in OP_DTYPES[op]]
         if op in DEFAULT_AXES:
             op_axes = axes or DEFAULT_AXES[op]
-        elif op in ("trace", "matmul"):
+        elif op == "trace":
             op_axes = (None,)
         else:
             op_axes = (-1,)
@@ -464,15 +520,47 @@ def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None, masks=
             for s in op_shapes:
                 if len(s) != 2:
                     raise ValueError(f"--shape: trace needs a 2-D shape, got {'x'.join(map(str, s))}")
-        if op == "matmul":
-            op_shapes = [s for s in op_shapes if len(s) == 3] if shapes and len(ops) > 1 else op_shapes
-            for s in op_shapes:
-                if len(s) != 3:
-                    raise ValueError(f"--shape: matmul takes MxNxK, got {'x'.join(map(str, s))}")
         for axis in op_axes:
             for shape in op_shapes:
                 for dtype in op_dtypes:
                     cases.append(Case(op, dtype, tuple(shape), axis))
+    return cases
+
+
+def _matmul_cases(suite, dtypes, shapes, layouts):
+    """The suite's matmul cases, group by group (MATMUL_*), each in layout, shape, dtype
+    order; or each explicit shape in --layout's layouts (default nn) and the dtypes of
+    every suite group. --layout keeps the suite's cases of those layouts; --dtype replaces
+    each group's dtypes. A case met twice (4096^3 nt is a square and a Llama projection)
+    is kept once, where first met."""
+    groups = suite_spec(suite, "matmul")
+    if shapes:
+        for s in shapes:
+            if len(s) != 3:
+                raise ValueError(f"--shape: matmul takes MxNxK, got {'x'.join(map(str, s))}")
+        suite_dtypes = tuple(dict.fromkeys(d for _, _, ds in groups for d in ds))
+        entries = [(shapes, layouts or ("nn",), suite_dtypes)]
+    else:
+        entries = []
+        for group_shapes, group_layouts, group_dtypes in groups:
+            kept = tuple(x for x in group_layouts if x in layouts) if layouts else group_layouts
+            if kept:
+                entries.append((group_shapes, kept, group_dtypes))
+        if not entries:
+            has = sorted({x for _, ls, _ in groups for x in ls})
+            raise ValueError(f"--layout: the {suite} suite runs matmul in {', '.join(has)} "
+                             f"only, not {', '.join(layouts)}; give --shape MxNxK or another "
+                             f"--suite")
+    cases, seen = [], set()
+    for entry_shapes, entry_layouts, entry_dtypes in entries:
+        for layout in entry_layouts:
+            for shape in entry_shapes:
+                for dtype in (dtypes or entry_dtypes):
+                    case = Case("matmul", dtype, tuple(shape), None, layout=layout)
+                    if dtype not in OP_DTYPES["matmul"] or case in seen:
+                        continue
+                    seen.add(case)
+                    cases.append(case)
     return cases
 
 

@@ -25,6 +25,18 @@ examples:
                 --causal none,causal --impl flash,auto,torch-flash,torch-cudnn   (one line)
   cupyops-bench --op attention --shape B16xHq32xHkv8xSq1xSkv4096xD128   decode
   cupyops-bench --list                           show what would run
+  cupyops-bench --op matmul --suite full --json m.json --md m.md    GEMM, nn and nt
+  cupyops-bench --op matmul --dtype bf16 --shape 4096x4096x4096 --layout nn,nt
+matmul: shapes are MxNxK; the layout is part of the case, shown after the shape
+  ("4096x4096x4096 nt") and as "layout" in the JSON. nn: a @ b with b stored K x N
+  (row-major); nt: x @ w.T with w stored N x K, as an LLM's linear layer keeps its weight,
+  w.T a view (no copy). cupyops, cupy.matmul (cuBLAS) and torch.matmul (int8:
+  torch._int_mm) get the same operands in the same layout. The full suite runs the GEMM
+  issue's set in nn (1x4096x4096, 16x4096x4096, 1x11008x4096, 4096x4096x11008, 4096^3,
+  8192^3; float32, float16, bfloat16, int8) and, in float16+bfloat16 only, the Hopper
+  GEMM set: 2048^3, 4096^3, 8192^3 in nn and nt, and Llama-3-8B prefill in nt at 4096 and
+  512 tokens (MxNxK = Mx6144x4096 qkv, Mx4096x4096 o, Mx28672x4096 gate+up,
+  Mx4096x14336 down). --layout keeps a suite's cases of those layouts.
 attention: shapes name their dimensions, B batch, Hq/Hkv query/key-value heads (H sets
   both), Sq/Skv query/key-value lengths (S sets both), D head_dim; q is [B, Sq, Hq, D] and
   k, v [B, Skv, Hkv, D] ("bshd"). TFLOP/s = 4*B*Hq*D*(visible query-key pairs) / time,
@@ -62,11 +74,18 @@ def build_parser():
                           "matmul also int8); "
                           "default from the suite")
     sel.add_argument("--shape", action="append", metavar="SHAPES",
-                     help="e.g. 16384x8192 (matmul: MxNxK, e.g. 16x4096x4096; attention: "
-                          "named dimensions, e.g. B4xHq16xHkv16xSq4096xSkv4096xD128), "
-                          "repeatable or comma list; default from the suite")
+                     help="e.g. 16384x8192 (matmul: MxNxK, e.g. 16x4096x4096, run in each "
+                          "--layout, default nn; attention: named dimensions, e.g. "
+                          "B4xHq16xHkv16xSq4096xSkv4096xD128), repeatable or comma list; "
+                          "default from the suite")
     sel.add_argument("--axis", action="append", metavar="AXES",
                      help="sum/max reduction axes: -1 and/or none (default sum: -1,none; max: -1)")
+    sel.add_argument("--layout", action="append", metavar="LAYOUTS",
+                     help="matmul operand layouts, repeatable or comma list: nn (a @ b, "
+                          "b stored K x N), nt (x @ w.T, w stored N x K, w.T a view: no "
+                          "copy). On a suite, keeps its cases of these layouts (default "
+                          "all: quick nn, full nn and nt, see below); with --shape, runs "
+                          "each shape in them (default nn)")
     sel.add_argument("--causal", action="append", metavar="MASKS",
                      help="attention masks, comma list: none, causal (top_left: row i sees "
                           "keys j <= i, SDPA's is_causal), causal_br (bottom_right: j <= "
@@ -78,7 +97,8 @@ def build_parser():
                           "attention only with --op attention (its acceptance set); "
                           "full: the acceptance shapes 16384x8192, 65536x1024, 1024x131072 "
                           "in float32, float16, bfloat16 (trace: 5977x7890 float32; matmul: "
-                          "the LLM shapes and 4096^3, 8192^3 in every dtype; attention: its "
+                          "the LLM shapes and 4096^3, 8192^3 in every dtype, nn, and the "
+                          "Hopper GEMM set in float16+bfloat16, see below; attention: its "
                           "acceptance set, see below)")
     sel.add_argument("--no-baselines", action="store_true", help="time cupyops only")
     sel.add_argument("--skip-slow", action=argparse.BooleanOptionalAction, default=None,
@@ -138,7 +158,10 @@ def make_plan(args, parser, variants_loader=None):
         masks = cases.parse_masks(args.causal)
         if masks and "attention" not in ops:
             raise ValueError("--causal: applies to attention only (add --op attention)")
-        case_list = cases.expand_cases(ops, suite, dtypes, shapes, axes, masks)
+        layouts = cases.parse_layouts(args.layout)
+        if layouts and "matmul" not in ops:
+            raise ValueError("--layout: applies to matmul only (add --op matmul)")
+        case_list = cases.expand_cases(ops, suite, dtypes, shapes, axes, masks, layouts)
         requested = cases.split_list(args.impl)
         for name, v in (("--repeats", args.repeats), ("--copy-mib", args.copy_mib),
                         ("--host-calls", args.host_calls)):
@@ -353,6 +376,8 @@ def run_case(case, impls, args, flush, torch):
     if case.op == "attention":
         base.update(mask=case.mask, causal=case.causal, causal_align=case.causal_align,
                     decode=case.decode, **case.shape._asdict())
+    if case.op == "matmul":
+        base["layout"] = case.layout
 
     def row(impl, status="ok", note=None, **kw):
         r = {**base, "impl": impl.name, "kind": impl.kind, "ms": None, "ms_min": None,

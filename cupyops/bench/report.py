@@ -8,7 +8,9 @@ A row is a dict with at least: op, axis (-1, or None for all / trace), impl, kin
 "B4xHq16xHkv16xSq4096xSkv4096xD128"), bytes, flops (matmul and attention, else None), ms
 (None unless timed), rel_error, status ("ok" | "FAILED" | "skipped") and note (why, or
 None). Attention rows also carry mask ("none" | "causal" | "causal_br"), which is part of
-the case, and gbps_meaningful (False for prefill: no GB/s is shown).
+the case, and gbps_meaningful (False for prefill: no GB/s is shown). Matmul rows carry
+layout ("nn" | "nt"), part of the case too and shown after the shape ("4096x4096x4096
+nt"); a row without one (results written before layouts) is "nn".
 """
 import json
 import math
@@ -32,8 +34,22 @@ COLUMNS = (
 )
 
 
+def layout_of(row):
+    """A matmul row's operand layout ("nn" when the row predates layouts); "" otherwise."""
+    if row["op"] != "matmul":
+        return ""
+    return row.get("layout") or "nn"
+
+
 def case_key(row):
-    return (row["op"], row.get("axis"), row["dtype"], row["shape"], row.get("mask"))
+    return (row["op"], row.get("axis"), row["dtype"], row["shape"], row.get("mask"),
+            layout_of(row))
+
+
+def shape_label(row):
+    """The shape column: the shape, and for matmul its layout ("4096x4096x4096 nt")."""
+    layout = layout_of(row)
+    return f"{row['shape']} {layout}" if layout else row["shape"]
 
 
 def finalize(rows, copy_gbps):
@@ -118,7 +134,7 @@ def cells(row, note_width=60):
         axis_label(row),
         row["impl"],
         row["dtype"],
-        row["shape"],
+        shape_label(row),
         _ms(row.get("ms") if row.get("status") == "ok" else None),
         _num(row.get("gbps")),
         _num(row.get("pct_copy_bw")),
@@ -215,6 +231,11 @@ def header_lines(meta):
                  "elements only); matmul shapes are MxNxK, TFLOP/s = 2MNK / time; "
                  "vs best base = best baseline ms / this ms (> 1: faster); vs each base: "
                  "the same against every baseline that ran")
+    if "matmul" in s.get("ops", ("matmul",)):
+        lines.append("matmul layouts, after the shape: nn = a @ b, b stored K x N (row-major); "
+                     "nt = x @ w.T, w stored N x K (a linear layer's weight), w.T a view; "
+                     "cupyops, cupy.matmul and torch.matmul (int8: torch._int_mm) get the "
+                     "same operands")
     if "attention" in s.get("ops", ()):
         lines += attention_header_lines()
     return lines

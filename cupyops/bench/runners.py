@@ -10,6 +10,10 @@ Validation of a cupyops variant, before it is timed:
    subset of rows on big row-wise cases (see cases.sample_rows).
 Baselines get step 1 only; their error is reported, never held against them.
 
+A matmul case's B is made in its layout (cases.LAYOUTS; nt: the transposed view of an
+N x K weight), and that one array goes to cupyops, cupy and torch alike; the reference
+multiplies by the same logical K x N B.
+
 Attention is compared on a sample (cases.attention_sample: a few batches and heads, ~64
 query rows), against reference_rows: the float64 attention of just those query rows,
 with the causal mask of their place in the whole problem.
@@ -36,7 +40,7 @@ _EXP_MASK = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000,
 class CaseData:
     case: object
     x: object  # cupy array of case.shape (matmul: A, M x K; attention: q [B, Sq, Hq, D])
-    weight: object = None  # matmul: B, K x N
+    weight: object = None  # matmul: B, K x N, in the case's layout (nt: a view of N x K)
     bias: object = None
     rows: object = None  # cupy int64 row indices checked, or None for all
     ref: object = None  # float64 reference (on the checked rows; attention: the sample)
@@ -47,7 +51,9 @@ class CaseData:
     _torch: dict = field(default_factory=dict)
 
     def torch_args(self, torch):
-        """The same device memory seen by PyTorch (DLPack, no copy), made once per case."""
+        """The same device memory seen by PyTorch (DLPack, no copy), made once per case.
+        DLPack carries strides: an nt case's B reaches PyTorch as the same transposed
+        view."""
         if not self._torch:
             conv = lambda a: None if a is None else torch.from_dlpack(a)  # noqa: E731
             self._torch.update(x=conv(self.x), weight=conv(self.weight), bias=conv(self.bias),
@@ -102,21 +108,36 @@ def prepare(case, *, seed=0, check_limit=_cases.CHECK_LIMIT):
 
 
 def _prepare_matmul(case, seed, check_limit):
-    """A (M x K) and B (K x N) as ``matmul(a, b)`` gets them (row-major, what an
-    activation times a K x N weight is), and the float64 reference of the rows checked."""
+    """A (M x K) and B (K x N) as ``matmul(a, b)`` gets them, in the case's layout: nn, B
+    allocated K x N (row-major); nt, a linear layer's weight W allocated N x K and B = W.T,
+    a view. Every impl and baseline is handed this one B (see matmul_operands), and the
+    float64 reference of the rows checked is A times the logical B."""
     import cupy
 
     from .. import reference
 
-    M, N, K = case.shape
-    a = random_normal((M, K), case.dtype, seed)
-    b = random_normal((K, N), case.dtype, seed + 1)
+    a, w, b = matmul_operands(case, seed)
     data = CaseData(case, a, weight=b, tol=_cases.tolerance(case, reference.TOLERANCE))
     rows = _cases.sample_rows(case, check_limit)
     if rows is not None:
         data.rows = cupy.asarray(rows)
-    data.ref = reference.matmul(host_rows(data, a), b.get())
+    # W to the host as allocated, transposed there: B.get() of the nt view would first
+    # make a contiguous copy of W on the GPU
+    b_host = w.get().T if case.layout == "nt" else w.get()
+    data.ref = reference.matmul(host_rows(data, a), b_host)
     return data
+
+
+def matmul_operands(case, seed):
+    """(A, W, B) of a matmul case: A M x K; W the second operand as allocated (nn: K x N,
+    nt: N x K); B the K x N operand every call gets, W itself (nn) or W.T (nt)."""
+    M, N, K = case.shape
+    a = random_normal((M, K), case.dtype, seed)
+    if case.layout == "nt":
+        w = random_normal((N, K), case.dtype, seed + 1)
+        return a, w, w.T
+    w = random_normal((K, N), case.dtype, seed + 1)
+    return a, w, w
 
 
 def _prepare_attention(case, seed, check_limit):
@@ -360,7 +381,7 @@ def baseline_call(data, name, torch=None):
         if c.op == "matmul":
             if c.dtype == "int8":  # NumPy semantics: int8 @ int8 -> int8, another product
                 raise TypeError("cupy.matmul of int8 returns int8 (no int32 accumulation)")
-            w = data.weight
+            w = data.weight  # nt: the transposed view, the very array cupyops gets
             return lambda: cupy.matmul(x, w)
         raise ValueError(f"CuPy has no {c.op}")
     if name == "torch":
@@ -385,11 +406,15 @@ def baseline_call(data, name, torch=None):
             return lambda: F.rms_norm(x, (n,), w, eps)
         if c.op == "matmul":
             if c.dtype == "int8":  # int8 x int8 -> int32 (cuBLASLt); needs M > 16
-                # B as matmul(a, b) has it (row-major K x N), like every other case. This
-                # is not cuBLASLt's fast int8 layout (it measured 125-129 TOP/s on an
-                # H200): the "vs torch" of int8 cases is against that layout only.
+                # B in the case's layout, like every other impl. nn (row-major K x N) is
+                # not cuBLASLt's fast int8 layout (it measured 125-129 TOP/s on an H200):
+                # the "vs torch" of int8 nn cases is against that layout only. nt's view
+                # (A row-major, B column-major: the "TN" pairing of cuBLASLt's int8
+                # kernels) goes to cuBLASLt as a transposed operand (cublasCommonArgs in
+                # PyTorch's Blas.cpp); a torch that refuses it leaves the row skipped, its
+                # error the note (run_baseline).
                 return lambda: torch._int_mm(x, w)
-            return lambda: torch.matmul(x, w)
+            return lambda: torch.matmul(x, w)  # nt: x @ w.T, as F.linear without bias
     raise ValueError(f"unknown baseline {name!r}")
 
 

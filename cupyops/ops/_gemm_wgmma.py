@@ -7,7 +7,11 @@ stream, for float16 and bfloat16 on a compute-capability 9.0 GPU (H100, H200):
   wgmma straight from shared memory, every k-tile waited for before its stage is refilled.
 - ``wgmma_ws``: a producer warpgroup and two consumer warpgroups (setmaxnreg) around a
   full/empty mbarrier ring, 128 x 256 tiles, one persistent block an SM over the tiles in
-  grouped order.
+  grouped order. ``config`` (``CONFIGS``): ``128x256`` runs blocks on their own;
+  ``128x256c2`` (the default) pairs blocks in clusters of 2 that take two tiles stacked
+  along M: each block copies its A and half of the shared B columns, multicast to both, so
+  B crosses L2 once for the pair. The persistent grid is as many clusters as the driver
+  says fit at once (``_launch.max_active_clusters``).
 
 Both read A and B through tensor maps (cupyops/_tma.py): 3-D (elements, rows, batch)
 with the 128-byte swizzle wgmma's descriptors expect; a K-contiguous operand moves in boxes
@@ -30,7 +34,10 @@ VARIANTS = {
     "the tiles in grouped order",
 }
 DTYPES = {impl: ("float16", "bfloat16") for impl in VARIANTS}
-CONFIGS = {impl: () for impl in VARIANTS}
+# config -> blocks a cluster (wgmma_ws)
+CLUSTERS = {"128x256": 1, "128x256c2": 2}
+CONFIGS = {"wgmma": (), "wgmma_ws": tuple(CLUSTERS)}
+DEFAULT_CONFIG = {"wgmma": None, "wgmma_ws": "128x256c2"}
 
 ARCH = "sm_90a"
 CC = 90  # the compute capability an sm_90a cubin runs on
@@ -50,45 +57,59 @@ def smem(impl):
     return STAGES[impl] * (BM[impl] + BN) * BK * 2 + RING_ALIGN + 16 * STAGES[impl]
 
 
-def _name(impl, dtype, ta, tb):
+def cluster_of(impl, config):
+    """Blocks a cluster for rung ``impl`` under ``config`` (None: the rung's default)."""
+    config = config or DEFAULT_CONFIG[impl]
+    return CLUSTERS[config] if config else 1
+
+
+def _name(impl, dtype, ta, tb, cluster=1):
     from .. import _dtypes
 
-    return template_name("gemm_" + impl, _dtypes.cuda_type(dtype), ta, tb, STAGES[impl])
+    extra = (cluster,) if impl == "wgmma_ws" else ()
+    return template_name("gemm_" + impl, _dtypes.cuda_type(dtype), ta, tb, STAGES[impl], *extra)
 
 
-KERNELS = KernelFile(
-    "gemm_wgmma.cu",
-    [_name(impl, dtype, ta, tb) for impl in VARIANTS for dtype in DTYPES[impl] for ta, tb in LAYOUTS],
-    options=SPLIT_COMPILE,
-    arch=ARCH,
-)
+def _expressions():
+    names = []
+    for impl in VARIANTS:
+        for cfg in CONFIGS[impl] or (None,):
+            for dtype in DTYPES[impl]:
+                names += [_name(impl, dtype, ta, tb, cluster_of(impl, cfg)) for ta, tb in LAYOUTS]
+    return names
+
+
+KERNELS = KernelFile("gemm_wgmma.cu", _expressions(), options=SPLIT_COMPILE, arch=ARCH)
 KERNEL_FILES = [KERNELS]
 
 
-def plan(impl, p, sm_count=132):
+def plan(impl, p, config=None, sm_count=132, clusters=None):
     """The ``_launch.Launch`` of rung ``impl`` on problem ``p`` (a plain function of numbers:
-    the CPU tier checks it)."""
-    check_rung("gemm_wgmma", impl, p.dtype, None, VARIANTS, DTYPES, CONFIGS)
-    tiles = _launch.cdiv(p.M, BM[impl]) * _launch.cdiv(p.N, BN)
-    if impl == "wgmma_ws":  # persistent: one block an SM walks tiles x batch
-        grid = (min(tiles * p.batch, sm_count), 1, 1)
+    the CPU tier checks it). ``clusters``: how many clusters of the configuration fit on
+    the GPU at once (default: SMs / cluster size)."""
+    check_rung("gemm_wgmma", impl, p.dtype, config, VARIANTS, DTYPES, CONFIGS)
+    cl = cluster_of(impl, config)
+    if impl == "wgmma_ws":  # persistent: a cluster a slot walks units of cl tiles along M
+        units = _launch.cdiv(p.M, BM[impl] * cl) * _launch.cdiv(p.N, BN) * p.batch
+        grid = (cl * min(units, clusters or sm_count // cl), 1, 1)
     else:
+        tiles = _launch.cdiv(p.M, BM[impl]) * _launch.cdiv(p.N, BN)
         grid = (min(tiles, _MAX_GRID_X), 1, p.grid_z())
-    return _launch.Launch(KERNELS, _name(impl, p.dtype, *p.layout()), grid, (THREADS[impl],), smem(impl),
-                          f"gemm impl={impl!r}")
+    return _launch.Launch(KERNELS, _name(impl, p.dtype, *p.layout(), cl), grid, (THREADS[impl],), smem(impl),
+                          f"gemm impl={impl!r}", cl)
 
 
-def map_specs(impl, p):
+def map_specs(impl, p, cluster=1):
     """(dims, byte strides, box) of the tensor maps of A and B, or None where K == 0.
     Each map is 3-D: the contiguous extent first, then the other, then the batch (one entry
     for a broadcast operand or a single product). K-contiguous operands (A stored M x K,
-    B stored N x K) move in boxes of 64 K x the tile's rows; M/N-contiguous ones in boxes
-    of 64 M/N x 64 K, several a stage."""
+    B stored N x K) move in boxes of 64 K x the rows a block copies (B: 1/cluster of the
+    tile's); M/N-contiguous ones in boxes of 64 M/N x 64 K, several a stage."""
     if p.K == 0:
         return None
     specs = []
     for ld, stride, rows, tile_rows, mn_major in ((p.lda, p.sA, p.M, BM[impl], p.ta),
-                                                  (p.ldb, p.sB, p.N, BN, not p.tb)):
+                                                  (p.ldb, p.sB, p.N, BN // cluster, not p.tb)):
         entries = p.batch if stride else 1
         inner, outer = (rows, p.K) if mn_major else (p.K, rows)
         batch_bytes = 2 * (stride if stride else ld * outer)  # (unused with one entry)
@@ -97,11 +118,11 @@ def map_specs(impl, p):
     return specs
 
 
-def tensor_maps(impl, p):
+def tensor_maps(impl, p, cluster=1):
     """The tensor maps of A and B (128 bytes each), or None where a map cannot describe an
     operand (start not 16-byte aligned, a row or batch stride that is not a nonzero
     multiple of 16 bytes, or the driver refuses): the problem then runs ``mma``."""
-    specs = map_specs(impl, p)
+    specs = map_specs(impl, p, cluster)
     if specs is None:
         return None
     maps = []
@@ -121,7 +142,21 @@ def runs_here(props):
     return KERNELS.runs_on(props.cc) and _tma.available()
 
 
-_PLANS = {}  # memoized Launch per (impl, GemmProblem.shape_key, SMs)
+_PLANS = {}  # memoized Launch per (impl, GemmProblem.shape_key, config, device)
+_SLOTS = {}  # clusters that fit at once, per (kernel name, device)
+
+
+def _cluster_slots(name, cluster, props, device):
+    """How many clusters of kernel ``name`` run at once (None: one block an SM)."""
+    if cluster == 1:
+        return None
+
+    def query():
+        fn = KERNELS.function(name)
+        _launch.request_smem(fn, smem("wgmma_ws"), props, "gemm impl='wgmma_ws'")
+        return _launch.max_active_clusters(fn, cluster, (THREADS["wgmma_ws"],), smem("wgmma_ws")) or 0
+
+    return _launch.memo(_SLOTS, (name, device), query) or None
 
 
 def launch(impl, p, config=None):
@@ -133,9 +168,15 @@ def launch(impl, p, config=None):
     if not runs_here(props):
         raise ValueError(f"impl: {impl!r} needs a compute-capability 9.0 GPU (H100, H200) and a driver with "
                          f"tensor maps; this is {props.name} (sm_{props.cc})")
-    maps = tensor_maps(impl, p)
+    cl = cluster_of(impl, config)
+    maps = tensor_maps(impl, p, cl)
     if maps is None:
         _gemm_mma.launch("mma", p)
         return
-    pl = _launch.memo(_PLANS, (impl, p.shape_key(), props.sm_count), lambda: plan(impl, p, props.sm_count))
-    pl(p.args() + maps)
+    device = _launch.current_device()
+
+    def build():
+        slots = _cluster_slots(_name(impl, p.dtype, *p.layout(), cl), cl, props, device)
+        return plan(impl, p, config, props.sm_count, slots)
+
+    _launch.memo(_PLANS, (impl, p.shape_key(), config, device), build)(p.args() + maps)
