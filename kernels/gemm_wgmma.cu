@@ -39,8 +39,9 @@
 //       (given at launch, cuLaunchKernelEx: a kernel compiled with __cluster_dims__(1, 1, 1)
 //       ran 8-9 % slower than with none, so the size is not fixed in the kernel);
 //       grid (CLUSTER * min(units * batch, clusters that fit at once), 1, 1) with units =
-//       cdiv(M, 128 * CLUSTER) * cdiv(N, 256); shared memory STAGES * 48 KB + 1 KB +
-//       16 * STAGES.
+//       cdiv(M, 128 * CLUSTER) * cdiv(N, 256); shared memory STAGES * 48 KB + 32 KB (the
+//       epilogue's staging) + 1 KB + 16 * STAGES. mapD describes D for the epilogue's tensor
+//       stores (store_by_tma != 0, where beta == 0 and a map fits D; else direct stores).
 //   batch' = min(batch, 65535); gemm_wgmma loops z over the rest of the stack.
 #include "gemm_common.cuh"
 #include "sm90.cuh"
@@ -153,6 +154,44 @@ __device__ __forceinline__ void store_tile(const float (&acc)[128], const T* C, 
     }
 }
 
+
+// The epilogue of one warpgroup through shared memory and tensor stores (beta == 0, D
+// described by tensor map `mapD`): its 64 x 256 accumulators times alpha go out in two
+// halves of 128 columns, each staged as two 64 x 64 boxes in the 128-byte swizzle (16 KB
+// at `buf`) and stored by the warpgroup's first thread. A warp's 4-byte writes (8 rows x
+// 4 columns pairs) land in 32 distinct banks: chunk c of row r sits at chunk c ^ (r % 8).
+// The stores run on while the warpgroup goes on to its next tile; only the staging buffer
+// waits for them to have read it. `bar_id`: this warpgroup's named barrier.
+template <typename T>
+__device__ __forceinline__ void store_tile_tma(const float (&acc)[128], const TmaMap* mapD, unsigned buf, float alpha,
+                                               int m_row, int n0, int z, int bar_id, bool leader) {
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        if (leader) bulk_wait_read<0>();  // the previous stores from buf have read it
+        named_barrier_sync(bar_id, WG);
+#pragma unroll
+        for (int jj = 0; jj < 16; ++jj) {
+            const int j = 16 * half + jj;  // the 8-column block of the accumulators
+            const unsigned box = buf + (jj / 8) * 8192u;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = 16 * warp + lane / 4 + 8 * h;
+                const unsigned addr = box + r * 128u + (((jj % 8) ^ (r % 8)) << 4) + (lane % 4) * 4u;
+                const unsigned v = pack2<T>(alpha * acc[4 * j + 2 * h], alpha * acc[4 * j + 2 * h + 1]);
+                asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+            }
+        }
+        fence_proxy_async();  // these generic-proxy writes before the tensor store reads them
+        named_barrier_sync(bar_id, WG);
+        if (leader) {
+            tma_store_3d(mapD, buf, n0 + 128 * half, m_row, z);
+            tma_store_3d(mapD, buf + 8192u, n0 + 128 * half + 64, m_row, z);
+            bulk_commit();
+        }
+    }
+}
+
 }  // namespace gwg
 
 // ---------------------------------------------------------------------------- 1. gemm_wgmma
@@ -208,17 +247,20 @@ __global__ void __launch_bounds__(gwg::WG, 1)
 // the producer gives back to 40 and the consumers take 232 (128 * 40 + 256 * 232 <= 65536).
 constexpr int WS_PRODUCER_REGS = 40;
 constexpr int WS_CONSUMER_REGS = 232;
+constexpr unsigned STAGING_BYTES = 64 * 128 * 2;  // half a warpgroup's 64 x 256 output tile
 
 template <typename T, bool TA, bool TB, int STAGES, int CLUSTER>
 __global__ void __launch_bounds__(3 * gwg::WG, 1)
-    gemm_wgmma_ws(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB) {
+    gemm_wgmma_ws(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB,
+                  const __grid_constant__ TmaMap mapD, int store_by_tma) {
     using namespace gwg;
     typedef Stage<TA, TB, 128> S;
     static_assert(sizeof(T) == 2, "wgmma rungs: float16 and bfloat16");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 blocks along M");
     extern __shared__ unsigned char smem_raw[];
     const unsigned ring = (smem_u32(smem_raw) + RING_ALIGN - 1) & ~(RING_ALIGN - 1);
-    const Pipeline<STAGES> pipe{ring + STAGES * S::BYTES};
+    const unsigned staging = ring + STAGES * S::BYTES;  // 16 KB a consumer warpgroup
+    const Pipeline<STAGES> pipe{staging + 2 * STAGING_BYTES};
     // An empty phase: one arrival per consumer warpgroup of every block that writes into
     // this block's stages (the cluster's, through the multicast of B).
     if (threadIdx.x == 0) pipe.init(2 * CLUSTER);
@@ -273,9 +315,14 @@ __global__ void __launch_bounds__(3 * gwg::WG, 1)
             wgmma_wait<0>();
             if (leader) pipe.template consumer_release<CLUSTER>(it - 1);
             fence_regs(acc);
-            store_tile<T>(acc, C + z * sC, D + z * sD, M, N, ldc, ldd, alpha, beta,
-                          (tm * CLUSTER + rank) * 128 + a_row, tn * BN);
+            const int m_row = (tm * CLUSTER + rank) * 128 + a_row;
+            if (store_by_tma)  // (the launcher's choice: beta == 0 and a map of D)
+                store_tile_tma<T>(acc, &mapD, staging + (warpgroup() - 1) * STAGING_BYTES, alpha, m_row, tn * BN,
+                                  sD ? z : 0, warpgroup(), leader);
+            else
+                store_tile<T>(acc, C + z * sC, D + z * sD, M, N, ldc, ldd, alpha, beta, m_row, tn * BN);
         }
+        if (leader) bulk_wait<0>();  // the tensor stores are done before the block ends
     }
     // No block leaves while another may still arrive on its barriers.
     if constexpr (CLUSTER > 1) cluster_sync();

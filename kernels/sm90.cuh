@@ -5,8 +5,8 @@
 //   Pipeline<STAGES>   a ring of STAGES stages with a full and an empty barrier each; the
 //                      stage and the parity to wait for come from a running index `it`
 //                      (the it-th use of the ring), never from a hand-kept bitmask
-//   tensor copies      tma_load_3d (ptx.cuh: it serves the sm_90 mma feed too), and its
-//                      cluster multicast form
+//   tensor copies      tma_load_3d (ptx.cuh: it serves the sm_90 mma feed too), its cluster
+//                      multicast form, and tensor stores from shared memory (bulk groups)
 //   clusters           the block's rank, an arrival on another block's barrier
 //   wgmma              shared-memory matrix descriptors of 128-byte-swizzled tiles (both
 //                      operand majors), fence / commit_group / wait_group, m64n256k16 for
@@ -129,6 +129,28 @@ __device__ __forceinline__ void tma_load_3d_multicast(unsigned dst, const TmaMap
         "[%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst),
         "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(cta_mask)
         : "memory");
+}
+
+// Store the box of tensor map `map` at element coordinates (c0, c1, c2) from shared memory
+// at src (1024-byte aligned, in the map's swizzle); the part outside the tensor is not
+// written. One thread issues it; it joins this thread's open bulk group. Each thread that
+// wrote src must fence_proxy_async() before the barrier that precedes the store.
+__device__ __forceinline__ void tma_store_3d(const TmaMap* map, unsigned src, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                     reinterpret_cast<unsigned long long>(map)),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
+// Closes the bulk group of the tensor stores this thread issued since the last commit.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Returns once at most N of this thread's bulk groups are still reading shared memory (the
+// source may then be overwritten; the global writes may still be under way).
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+// Returns once at most N of this thread's bulk groups are still running (writes done).
+template <int N> __device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // -------------------------------------------------------------------------------- wgmma

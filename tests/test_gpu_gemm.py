@@ -396,32 +396,42 @@ def test_wgmma_runs_its_kernel_every_layout(impl, cfg, dtype, monkeypatch):
     # Aligned operands (every extent a multiple of 8 elements, none of a tile) must run the
     # wgmma kernel itself, not mma's fallback: every layout (both transpose immediates),
     # zero-filled edge boxes in M, N and K, several k-tiles, stacks with the batch
-    # coordinate and a broadcast operand, alpha / beta with C, NaN-poisoned D.
+    # coordinate and a broadcast operand, NaN-poisoned D. alpha / beta with C stores
+    # directly; beta == 0 takes wgmma_ws's epilogue of tensor stores, except for a D
+    # whose rows a tensor map cannot describe (N = 517).
     require(impl)
     cp = _cp()
     mod = G._gemm_wgmma
-    launched = []
+    launched, by_tma = [], []
     real = mod.KERNELS.function
     monkeypatch.setattr(mod.KERNELS, "function", lambda name: launched.append(name) or real(name))
+    real_map = mod.output_map
+    monkeypatch.setattr(mod, "output_map", lambda p: by_tma.append(real_map(p)[1]) or real_map(p))
     rng = np.random.default_rng()
-    for M, N, K in ((296, 520, 712), (64, 256, 64), (8, 8, 8), (200, 1000, 136)):
+    for M, N, K in ((296, 520, 712), (64, 256, 64), (8, 8, 8), (200, 1000, 136), (136, 517, 64)):
         for ta, tb in LAYOUTS:
-            for batch_a, batch_b in (((), ()), ((3,), (1,)), ((2,), (2,))):
+            if N % 8 and not tb:
+                continue  # B's rows of 517 elements: no tensor map, mma runs (the next test)
+            for (batch_a, batch_b), (alpha, beta) in zip((((), ()), ((3,), (1,)), ((2,), (2,)), ((), ())),
+                                                         ((1.5, -0.5), (1.5, -0.5), (2.0, 0.0), (-1.0, 0.0))):
                 a = rand(rng, batch_a + ((K, M) if ta else (M, K)), dtype)
                 b = rand(rng, batch_b + ((N, K) if tb else (K, N)), dtype)
                 batch = np.broadcast_shapes(batch_a, batch_b)
-                c = rand(rng, batch + (M, N), dtype)
-                ref = reference.gemm(a, b, c, 1.5, -0.5, ta, tb)
+                c = rand(rng, batch + (M, N), dtype) if beta else None
+                ref = reference.gemm(a, b, c, alpha, beta, ta, tb)
                 d = poisoned(batch + (M, N), _dtypes.to_dtype(dtype))
-                del launched[:]
-                for p in G._problems(dtype, ta, tb, M, N, K, cp.asarray(a), cp.asarray(b), cp.asarray(c), d,
-                                     batch, 1.5, -0.5, cp):
+                del launched[:], by_tma[:]
+                dc = None if c is None else cp.asarray(c)
+                for p in G._problems(dtype, ta, tb, M, N, K, cp.asarray(a), cp.asarray(b), dc, d, batch, alpha,
+                                     beta, cp):
                     mod.launch(impl, p, cfg)
-                what = f"{impl} {cfg} {dtype} {M}x{N}x{K} ta={ta} tb={tb} {batch_a}/{batch_b}"
+                what = f"{impl} {cfg} {dtype} {M}x{N}x{K} ta={ta} tb={tb} {batch_a}/{batch_b} beta={beta}"
                 check(d, ref, dtype, K, what)
                 suffix = f", {mod.cluster_of(impl, cfg)}>" if impl == "wgmma_ws" else ">"
                 assert launched and all(n.startswith(f"gemm_{impl}<") and n.endswith(suffix) for n in launched), (
                     what, launched)
+                if impl == "wgmma_ws":
+                    assert by_tma == [int(beta == 0 and N % 8 == 0)] * len(by_tma) and by_tma, (what, by_tma)
 
 
 def test_wgmma_falls_back_to_mma_where_no_tensor_map_fits(monkeypatch):

@@ -7,7 +7,8 @@ stream, for float16 and bfloat16 on a compute-capability 9.0 GPU (H100, H200):
   wgmma straight from shared memory, every k-tile waited for before its stage is refilled.
 - ``wgmma_ws``: a producer warpgroup and two consumer warpgroups (setmaxnreg) around a
   full/empty mbarrier ring, 128 x 256 tiles, one persistent block an SM over the tiles in
-  grouped order. ``config`` (``CONFIGS``): ``128x256`` runs blocks on their own;
+  grouped order. With beta == 0 its epilogue stages the tile in shared memory and writes
+  it by tensor stores (``output_map``), which run on while the next tile starts. ``config`` (``CONFIGS``): ``128x256`` runs blocks on their own;
   ``128x256c2`` (the default) pairs blocks in clusters of 2 that take two tiles stacked
   along M: each block copies its A and half of the shared B columns, multicast to both, so
   B crosses L2 once for the pair. The persistent grid is as many clusters as the driver
@@ -21,6 +22,8 @@ multiples of 16 bytes (and a nonzero row stride): a problem whose operands are o
 runs ``mma`` (gemm_mma.cu), which takes any layout, as does every problem on another GPU
 under ``impl="auto"``. Naming a wgmma rung on a GPU other than sm_90 is an error.
 """
+import numpy as np
+
 from .. import _launch, _tma
 from .._kernels import SPLIT_COMPILE, KernelFile, template_name
 from . import _gemm_mma
@@ -37,7 +40,7 @@ DTYPES = {impl: ("float16", "bfloat16") for impl in VARIANTS}
 # config -> blocks a cluster (wgmma_ws)
 CLUSTERS = {"128x256": 1, "128x256c2": 2}
 CONFIGS = {"wgmma": (), "wgmma_ws": tuple(CLUSTERS)}
-DEFAULT_CONFIG = {"wgmma": None, "wgmma_ws": "128x256c2"}
+DEFAULT_CONFIG = {"wgmma": None, "wgmma_ws": "128x256"}
 
 ARCH = "sm_90a"
 CC = 90  # the compute capability an sm_90a cubin runs on
@@ -51,10 +54,14 @@ PIECE = 64  # rows of an M/N-contiguous operand's box (64 x 64 elements, 8 KB)
 _MAX_GRID_X = 2**31 - 1
 
 
+STAGING = {"wgmma": 0, "wgmma_ws": 2 * 64 * 128 * 2}  # the epilogue's: 16 KB a consumer warpgroup
+
+
 def smem(impl):
     """Dynamic shared memory of rung ``impl``: the ring of (BM + BN) x 64 16-bit elements a
-    stage, its 1024-byte alignment, and two 8-byte mbarriers a stage."""
-    return STAGES[impl] * (BM[impl] + BN) * BK * 2 + RING_ALIGN + 16 * STAGES[impl]
+    stage, the epilogue's staging (wgmma_ws), the 1024-byte alignment, and two 8-byte
+    mbarriers a stage."""
+    return STAGES[impl] * (BM[impl] + BN) * BK * 2 + STAGING[impl] + RING_ALIGN + 16 * STAGES[impl]
 
 
 def cluster_of(impl, config):
@@ -137,6 +144,24 @@ def tensor_maps(impl, p, cluster=1):
     return tuple(maps)
 
 
+NO_MAP = bytes(128)  # stands for mapD where the epilogue stores directly (never read then)
+
+
+def output_map(p):
+    """(tensor map of D, 1) for wgmma_ws's epilogue of tensor stores, or (NO_MAP, 0) where it
+    stores directly: beta != 0 (C is read element by element, and may be D), or a D that a
+    map cannot describe (rows of a number of elements that is not a multiple of 8). D is
+    (N, M, batch) in boxes of 64 x 64 x 1, the 128-byte swizzle."""
+    if p.C is not None and p.beta != 0:
+        return NO_MAP, 0
+    entries = p.batch if p.sD else 1
+    strides = (2 * p.ldd, 2 * (p.sD if p.sD else p.ldd * p.M))
+    if p.D.data.ptr % 16 or strides[0] <= 0 or strides[0] % 16 or strides[1] % 16:
+        return NO_MAP, 0
+    m = _tma.encode_tiled(p.D.data.ptr, (p.N, p.M, entries), strides, (PIECE, PIECE, 1))
+    return (NO_MAP, 0) if m is None else (m, 1)
+
+
 def runs_here(props):
     """Does this GPU run the wgmma rungs (sm_90 with the driver's tensor-map encoder)?"""
     return KERNELS.runs_on(props.cc) and _tma.available()
@@ -179,4 +204,8 @@ def launch(impl, p, config=None):
         slots = _cluster_slots(_name(impl, p.dtype, *p.layout(), cl), cl, props, device)
         return plan(impl, p, config, props.sm_count, slots)
 
-    _launch.memo(_PLANS, (impl, p.shape_key(), config, device), build)(p.args() + maps)
+    args = p.args() + maps
+    if impl == "wgmma_ws":
+        d_map, by_tma = output_map(p)
+        args += (d_map, np.int32(by_tma))
+    _launch.memo(_PLANS, (impl, p.shape_key(), config, device), build)(args)

@@ -1,0 +1,47 @@
+"""Small odd GEMMs through every sm_90a rung and configuration, for compute-sanitizer:
+
+    compute-sanitizer --tool memcheck  python benchmarks/sanitize_gemm_sm90.py
+    compute-sanitizer --tool racecheck python benchmarks/sanitize_gemm_sm90.py
+
+Every layout, edges in M, N and K (extents multiples of 8 so that tensor maps describe
+them, none a multiple of a tile), a stack with a broadcast operand, beta == 0 (the
+tensor-store epilogue) and beta != 0 (direct stores). Each result is checked against the
+float64 reference, so a run that the sanitizer passes is also a right one.
+"""
+import cupy as cp
+import numpy as np
+
+from cupyops import reference
+from cupyops.ops import gemm as G
+
+W = G._gemm_wgmma
+
+
+def main():
+    rng = np.random.default_rng(0)
+    cases = 0
+    for impl in W.VARIANTS:
+        for cfg in W.CONFIGS[impl] or (None,):
+            for M, N, K in ((72, 264, 136), (136, 24, 200)):
+                for ta, tb in G._gemm_problem.LAYOUTS:
+                    ta, tb = ta == "true", tb == "true"
+                    for batch, beta in (((), 0.0), ((2,), 0.5)):
+                        a = rng.standard_normal(batch + ((K, M) if ta else (M, K))).astype(np.float32)
+                        b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+                        c = rng.standard_normal(batch + (M, N)).astype(np.float32) if beta else None
+                        da = cp.asarray(a).astype(cp.float16)
+                        db = cp.asarray(b).astype(cp.float16)
+                        dc = None if c is None else cp.asarray(c).astype(cp.float16)
+                        ref = reference.gemm(da.get(), db.get(), None if dc is None else dc.get(), 1.0, beta, ta, tb)
+                        d = cp.full(batch + (M, N), np.nan, cp.float16)
+                        for p in G._problems("float16", ta, tb, M, N, K, da, db, dc, d, batch, 1.0, beta, cp):
+                            W.launch(impl, p, cfg)
+                        err = reference.rel_error(d.get(), ref)
+                        assert err < 1e-2, (impl, cfg, M, N, K, ta, tb, batch, beta, err)
+                        cases += 1
+    cp.cuda.runtime.deviceSynchronize()
+    print(f"{cases} sm_90a GEMM cases right")
+
+
+if __name__ == "__main__":
+    main()
