@@ -15,12 +15,16 @@
 //                     refilled: the first Hopper step, simple and still serial.
 //   2. gemm_wgmma_ws  warp-specialised and persistent: a producer warpgroup (one thread
 //                     issuing tensor copies, registers given back with setmaxnreg) and two
-//                     consumer warpgroups (64 rows each of a 128 x 256 tile, registers taken)
+//                     consumer warpgroups (64 rows each of a 128 x BN tile, registers taken)
 //                     around a full/empty mbarrier ring (sm90.cuh Pipeline); a consumer
 //                     keeps one group of wgmmas in flight and releases a stage as soon as the
 //                     wgmmas that read it are done; one block an SM walks the tiles in
 //                     grouped order (8 tile rows share their B columns in L2), so the
 //                     producer fills the next tile's stages during this tile's epilogue.
+//                     With beta == 0 the epilogue goes through shared memory and tensor
+//                     stores, which drain while the next tile's wgmmas run. BN = 256, or
+//                     192 / 128 where the wide tiles would leave SMs idle; CLUSTER = 2 pairs
+//                     blocks on tiles stacked along M that multicast halves of their B.
 //
 // Operands: the launcher (cupyops/ops/_gemm_wgmma.py) describes A and B by 3-D tensor maps
 // (elements innermost, then rows, then the batch) with 128-byte swizzle. A K-contiguous
@@ -35,12 +39,12 @@
 // Launch geometry (cupyops/ops/_gemm_wgmma.py computes it):
 //   gemm_wgmma<T, TA, TB, STAGES>: block 128; grid (cdiv(M, 64) * cdiv(N, 256), 1, batch');
 //       dynamic shared memory STAGES * 40 KB + 1 KB (ring alignment) + 16 * STAGES.
-//   gemm_wgmma_ws<T, TA, TB, STAGES, CLUSTER>: block 384, clusters of CLUSTER blocks along x
+//   gemm_wgmma_ws<T, TA, TB, BN, STAGES, CLUSTER>: block 384, clusters of CLUSTER blocks along x
 //       (given at launch, cuLaunchKernelEx: a kernel compiled with __cluster_dims__(1, 1, 1)
 //       ran 8-9 % slower than with none, so the size is not fixed in the kernel);
 //       grid (CLUSTER * min(units * batch, clusters that fit at once), 1, 1) with units =
-//       cdiv(M, 128 * CLUSTER) * cdiv(N, 256); shared memory STAGES * 48 KB + 32 KB (the
-//       epilogue's staging) + 1 KB + 16 * STAGES. mapD describes D for the epilogue's tensor
+//       cdiv(M, 128 * CLUSTER) * cdiv(N, BN); shared memory STAGES * (128 + BN) * 128 +
+//       32 KB (the epilogue's staging) + 1 KB + 16 * STAGES. mapD describes D for the epilogue's tensor
 //       stores (store_by_tma != 0, where beta == 0 and a map fits D; else direct stores).
 //   batch' = min(batch, 65535); gemm_wgmma loops z over the rest of the stack.
 #include "gemm_common.cuh"
@@ -52,7 +56,6 @@ using namespace cuops::sm90;
 namespace gwg {
 
 constexpr int BK = 64;   // K of a stage: 128 bytes of a 16-bit type, the swizzle's row
-constexpr int BN = 256;  // N of a tile: one m64n256k16 a warpgroup per 16 K
 constexpr int WG = 128;  // threads of a warpgroup
 constexpr int GROUP_M = 8;  // tile rows that walk the tile columns together (L2 reuse of B)
 constexpr unsigned RING_ALIGN = 1024;  // the swizzle atom: stages start 1024-byte aligned
@@ -71,9 +74,10 @@ __device__ __forceinline__ void tile_coords(int t, int TM, int TN, int& tm, int&
     tn = r / rows;
 }
 
-// One stage of the ring: BM rows of A then 256 rows of B, each 64 K wide, in the layout of
-// sm90::SwizzledTile16. MN_A: A is M-major (TA); MN_B: B is N-major (!TB).
-template <bool TA, bool TB, int BM> struct Stage {
+// One stage of the ring: BM rows of A then BN rows of B, each 64 K wide, in the layout of
+// sm90::SwizzledTile16. MN_A: A is M-major (TA); MN_B: B is N-major (!TB). A warpgroup
+// computes 64 x BN with one m64nBNk16 wgmma per 16 K.
+template <bool TA, bool TB, int BM, int BN> struct Stage {
     static constexpr bool MN_A = TA, MN_B = !TB;
     static constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, BYTES = A_BYTES + B_BYTES;
 
@@ -104,6 +108,7 @@ template <bool TA, bool TB, int BM> struct Stage {
                                                 int n0, int za, int zb, unsigned bar, int rank = 0) {
         load_operand<MN_A, BM>(st, ma, kt * BK, m0, za, bar);
         constexpr int PART = BN / CLUSTER;  // rows of B this block copies
+        static_assert(CLUSTER == 1 || PART % 64 == 0, "a multicast share of B is whole 64-row pieces");
         constexpr unsigned short ALL = CLUSTER == 1 ? 0 : (1u << CLUSTER) - 1;  // (0: no multicast)
         load_operand<MN_B, PART, ALL>(st + A_BYTES + rank * PART * BK * 2, mb, kt * BK, n0 + rank * PART, zb, bar);
     }
@@ -111,20 +116,20 @@ template <bool TA, bool TB, int BM> struct Stage {
     // tile against the whole B tile, 4 steps of 16 K. accumulate false: the first k-tile
     // of a tile overwrites the accumulators.
     template <typename T>
-    __device__ __forceinline__ static void mma(float (&acc)[128], unsigned st, int a_row, bool accumulate) {
+    __device__ __forceinline__ static void mma(float (&acc)[BN / 2], unsigned st, int a_row, bool accumulate) {
         const unsigned a = st + (a_row / 64) * SwizzledTile16<MN_A>::PIECE_BYTES;
 #pragma unroll
         for (int k16 = 0; k16 < BK / 16; ++k16)
-            wgmma_m64n256k16<T, MN_A, MN_B>(acc, SwizzledTile16<MN_A>::desc(a, k16),
-                                            SwizzledTile16<MN_B>::desc(st + A_BYTES, k16), accumulate || k16 > 0);
+            wgmma_m64nNk16<BN, T, MN_A, MN_B>(acc, SwizzledTile16<MN_A>::desc(a, k16),
+                                              SwizzledTile16<MN_B>::desc(st + A_BYTES, k16), accumulate || k16 > 0);
     }
 };
 
-// The epilogue of one warpgroup: its 64 x 256 accumulators (rows from m_row, columns from
+// The epilogue of one warpgroup: its 64 x BN accumulators (rows from m_row, columns from
 // n0; the layout of sm90.cuh) to D = alpha * acc + beta * C, masked to M x N. Two adjacent
 // columns go out as one 4-byte store where D's rows allow it.
-template <typename T>
-__device__ __forceinline__ void store_tile(const float (&acc)[128], const T* C, T* D, int M, int N, i64 ldc,
+template <typename T, int BN>
+__device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], const T* C, T* D, int M, int N, i64 ldc,
                                            i64 ldd, float alpha, float beta, int m_row, int n0) {
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int col = n0 + 2 * (lane % 4);
@@ -156,22 +161,25 @@ __device__ __forceinline__ void store_tile(const float (&acc)[128], const T* C, 
 
 
 // The epilogue of one warpgroup through shared memory and tensor stores (beta == 0, D
-// described by tensor map `mapD`): its 64 x 256 accumulators times alpha go out in two
-// halves of 128 columns, each staged as two 64 x 64 boxes in the 128-byte swizzle (16 KB
-// at `buf`) and stored by the warpgroup's first thread. A warp's 4-byte writes (8 rows x
+// described by tensor map `mapD`): its 64 x BN accumulators times alpha go out in parts of
+// (at most) 128 columns, each staged as 64 x 64 boxes in the 128-byte swizzle (16 KB at
+// `buf`) and stored by the warpgroup's first thread. A warp's 4-byte writes (8 rows x
 // 4 columns pairs) land in 32 distinct banks: chunk c of row r sits at chunk c ^ (r % 8).
 // The stores run on while the warpgroup goes on to its next tile; only the staging buffer
 // waits for them to have read it. `bar_id`: this warpgroup's named barrier.
-template <typename T>
-__device__ __forceinline__ void store_tile_tma(const float (&acc)[128], const TmaMap* mapD, unsigned buf, float alpha,
-                                               int m_row, int n0, int z, int bar_id, bool leader) {
+template <typename T, int BN>
+__device__ __forceinline__ void store_tile_tma(const float (&acc)[BN / 2], const TmaMap* mapD, unsigned buf,
+                                               float alpha, int m_row, int n0, int z, int bar_id, bool leader) {
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+    constexpr int BOXES = BN / 64;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+    for (int half = 0; half < (BOXES + 1) / 2; ++half) {
+        const int boxes = min(2, BOXES - 2 * half);  // (compile-time after unrolling)
         if (leader) bulk_wait_read<0>();  // the previous stores from buf have read it
         named_barrier_sync(bar_id, WG);
 #pragma unroll
         for (int jj = 0; jj < 16; ++jj) {
+            if (jj >= 8 * boxes) break;
             const int j = 16 * half + jj;  // the 8-column block of the accumulators
             const unsigned box = buf + (jj / 8) * 8192u;
 #pragma unroll
@@ -186,7 +194,7 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[128], const Tm
         named_barrier_sync(bar_id, WG);
         if (leader) {
             tma_store_3d(mapD, buf, n0 + 128 * half, m_row, z);
-            tma_store_3d(mapD, buf + 8192u, n0 + 128 * half + 64, m_row, z);
+            if (boxes == 2) tma_store_3d(mapD, buf + 8192u, n0 + 128 * half + 64, m_row, z);
             bulk_commit();
         }
     }
@@ -199,7 +207,8 @@ template <typename T, bool TA, bool TB, int STAGES>
 __global__ void __launch_bounds__(gwg::WG, 1)
     gemm_wgmma(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB) {
     using namespace gwg;
-    typedef Stage<TA, TB, 64> S;
+    constexpr int BN = 256;
+    typedef Stage<TA, TB, 64, BN> S;
     static_assert(sizeof(T) == 2, "wgmma rungs: float16 and bfloat16");
     extern __shared__ unsigned char smem_raw[];
     const unsigned ring = (smem_u32(smem_raw) + RING_ALIGN - 1) & ~(RING_ALIGN - 1);
@@ -237,7 +246,7 @@ __global__ void __launch_bounds__(gwg::WG, 1)
                 }
             }
             fence_regs(acc);
-            store_tile<T>(acc, C + z * sC, D + z * sD, M, N, ldc, ldd, alpha, beta, m0, n0);
+            store_tile<T, BN>(acc, C + z * sC, D + z * sD, M, N, ldc, ldd, alpha, beta, m0, n0);
         }
     }
 }
@@ -249,12 +258,12 @@ constexpr int WS_PRODUCER_REGS = 40;
 constexpr int WS_CONSUMER_REGS = 232;
 constexpr unsigned STAGING_BYTES = 64 * 128 * 2;  // half a warpgroup's 64 x 256 output tile
 
-template <typename T, bool TA, bool TB, int STAGES, int CLUSTER>
+template <typename T, bool TA, bool TB, int BN, int STAGES, int CLUSTER>
 __global__ void __launch_bounds__(3 * gwg::WG, 1)
     gemm_wgmma_ws(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB,
                   const __grid_constant__ TmaMap mapD, int store_by_tma) {
     using namespace gwg;
-    typedef Stage<TA, TB, 128> S;
+    typedef Stage<TA, TB, 128, BN> S;
     static_assert(sizeof(T) == 2, "wgmma rungs: float16 and bfloat16");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 blocks along M");
     extern __shared__ unsigned char smem_raw[];
@@ -296,7 +305,7 @@ __global__ void __launch_bounds__(3 * gwg::WG, 1)
         setmaxnreg_inc<WS_CONSUMER_REGS>();
         const int a_row = 64 * (warpgroup() - 1);
         const bool leader = threadIdx.x % WG == 0;
-        float acc[128];
+        float acc[BN / 2];
         unsigned it = 0;
         for (long long t = first; t < total; t += step) {
             const int z = static_cast<int>(t / tiles);
@@ -317,10 +326,10 @@ __global__ void __launch_bounds__(3 * gwg::WG, 1)
             fence_regs(acc);
             const int m_row = (tm * CLUSTER + rank) * 128 + a_row;
             if (store_by_tma)  // (the launcher's choice: beta == 0 and a map of D)
-                store_tile_tma<T>(acc, &mapD, staging + (warpgroup() - 1) * STAGING_BYTES, alpha, m_row, tn * BN,
+                store_tile_tma<T, BN>(acc, &mapD, staging + (warpgroup() - 1) * STAGING_BYTES, alpha, m_row, tn * BN,
                                   sD ? z : 0, warpgroup(), leader);
             else
-                store_tile<T>(acc, C + z * sC, D + z * sD, M, N, ldc, ldd, alpha, beta, m_row, tn * BN);
+                store_tile<T, BN>(acc, C + z * sC, D + z * sD, M, N, ldc, ldd, alpha, beta, m_row, tn * BN);
         }
         if (leader) bulk_wait<0>();  // the tensor stores are done before the block ends
     }

@@ -9,8 +9,8 @@
 //                      multicast form, and tensor stores from shared memory (bulk groups)
 //   clusters           the block's rank, an arrival on another block's barrier
 //   wgmma              shared-memory matrix descriptors of 128-byte-swizzled tiles (both
-//                      operand majors), fence / commit_group / wait_group, m64n256k16 for
-//                      f16 and bf16 with the transpose immediates, fence_regs
+//                      operand majors), fence / commit_group / wait_group, m64nNk16 (N = 128,
+//                      192, 256) for f16 and bf16 with the transpose immediates, fence_regs
 //   setmaxnreg         register reallocation between warpgroups
 //   named barriers     bar.sync on a subset of the block's warps
 //
@@ -193,20 +193,64 @@ template <int R> __device__ __forceinline__ void fence_regs(float (&d)[R]) {
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// d[128] (+)= A(desc) * B(desc), 64 x 256 x 16; TYPE is f16 or bf16; %128, %129 the
-// descriptors, %130 nonzero to accumulate (0: d = A * B), %131 / %132 the transpose
-// immediates of A and B.
+// d[N / 2] (+)= A(desc) * B(desc), 64 x N x 16; TYPE is f16 or bf16; after the N / 2
+// accumulators come the two descriptors, the accumulate flag (0: d = A * B) and the
+// transpose immediates of A and B. (Generated: one macro per N the rungs use.)
+#define CUOPS_WGMMA_M64N128K16(TYPE)                                                        \
+    asm volatile(                                                                            \
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %66, 0;\n\t"                            \
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                     \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, " \
+        "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, " \
+        "%52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+        "%64, %65, p, 1, 1, %67, %68;\n}\n"                                              \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),\
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),\
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),\
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),\
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),\
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),\
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),\
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+        : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0))
+
+#define CUOPS_WGMMA_M64N192K16(TYPE)                                                        \
+    asm volatile(                                                                            \
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %98, 0;\n\t"                            \
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32." TYPE "." TYPE " "                     \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, " \
+        "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, " \
+        "%52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, " \
+        "%69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, " \
+        "%86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, " \
+        "%96, %97, p, 1, 1, %99, %100;\n}\n"                                              \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),\
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),\
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),\
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),\
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),\
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),\
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),\
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),\
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),\
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),\
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),\
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]) \
+        : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0))
+
 #define CUOPS_WGMMA_M64N256K16(TYPE)                                                        \
     asm volatile(                                                                            \
         "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %130, 0;\n\t"                            \
         "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " "                     \
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "\
-        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "\
-        "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, "\
-        "%52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, "\
-        "%69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, "\
-        "%86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, "\
-        "%102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, "\
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, " \
+        "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, " \
+        "%52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, " \
+        "%69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, " \
+        "%86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, " \
+        "%102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, " \
         "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, " \
         "%128, %129, p, 1, 1, %131, %132;\n}\n"                                              \
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),\
@@ -227,14 +271,27 @@ template <int R> __device__ __forceinline__ void fence_regs(float (&d)[R]) {
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
         : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0))
 
-// d (+)= A * B for a 64 x 256 x 16 step of a warpgroup: T is __half or __nv_bfloat16, A
-// and B in shared memory (descriptors da, db); TRANS_A: A is M-major (stored K x M),
-// TRANS_B: B is N-major (stored K x N); accumulate false: d = A * B.
-template <typename T, bool TRANS_A, bool TRANS_B>
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], u64 da, u64 db, bool accumulate) {
-    if constexpr (IsF16<T>::value) CUOPS_WGMMA_M64N256K16("f16");
-    else CUOPS_WGMMA_M64N256K16("bf16");
+// d (+)= A * B for a 64 x N x 16 step of a warpgroup (N = 128, 192 or 256: N / 2
+// accumulators a thread): T is __half or __nv_bfloat16, A and B in shared memory
+// (descriptors da, db); TRANS_A: A is M-major (stored K x M), TRANS_B: B is N-major (stored
+// K x N); accumulate false: d = A * B.
+template <int N, typename T, bool TRANS_A, bool TRANS_B>
+__device__ __forceinline__ void wgmma_m64nNk16(float (&d)[N / 2], u64 da, u64 db, bool accumulate) {
+    static_assert(N == 128 || N == 192 || N == 256, "wgmma_m64nNk16: N of 128, 192 or 256");
+    constexpr bool F16 = IsF16<T>::value;
+    if constexpr (N == 128) {
+        if constexpr (F16) CUOPS_WGMMA_M64N128K16("f16");
+        else CUOPS_WGMMA_M64N128K16("bf16");
+    } else if constexpr (N == 192) {
+        if constexpr (F16) CUOPS_WGMMA_M64N192K16("f16");
+        else CUOPS_WGMMA_M64N192K16("bf16");
+    } else {
+        if constexpr (F16) CUOPS_WGMMA_M64N256K16("f16");
+        else CUOPS_WGMMA_M64N256K16("bf16");
+    }
 }
+#undef CUOPS_WGMMA_M64N128K16
+#undef CUOPS_WGMMA_M64N192K16
 #undef CUOPS_WGMMA_M64N256K16
 
 // ------------------------------------------------------------------ registers, barriers

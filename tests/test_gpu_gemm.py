@@ -427,7 +427,8 @@ def test_wgmma_runs_its_kernel_every_layout(impl, cfg, dtype, monkeypatch):
                     mod.launch(impl, p, cfg)
                 what = f"{impl} {cfg} {dtype} {M}x{N}x{K} ta={ta} tb={tb} {batch_a}/{batch_b} beta={beta}"
                 check(d, ref, dtype, K, what)
-                suffix = f", {mod.cluster_of(impl, cfg)}>" if impl == "wgmma_ws" else ">"
+                t = mod.tile_of(impl, cfg)
+                suffix = f", {t.bn}, {t.stages}, {t.cluster}>" if impl == "wgmma_ws" else f", {t.stages}>"
                 assert launched and all(n.startswith(f"gemm_{impl}<") and n.endswith(suffix) for n in launched), (
                     what, launched)
                 if impl == "wgmma_ws":
@@ -444,7 +445,7 @@ def test_wgmma_falls_back_to_mma_where_no_tensor_map_fits(monkeypatch):
         a, b = rand(rng, (M, K), "bfloat16"), rand(rng, (K, N), "bfloat16")
         da, db = layout(rng, a, how, cp), layout(rng, b, how, cp)
         (p,) = G._problems("bfloat16", False, False, M, N, K, da, db, None, poisoned((M, N), a.dtype), (), 1, 0, cp)
-        assert G._gemm_wgmma.tensor_maps("wgmma_ws", p) is None
+        assert G._gemm_wgmma.tensor_maps(p, G._gemm_wgmma.tile_of("wgmma_ws", "128x256")) is None
         got = cupyops.matmul(da, db, impl="wgmma_ws")
         check(got, reference.matmul(a, b), "bfloat16", K, f"fallback {how} {M}x{N}x{K}")
 

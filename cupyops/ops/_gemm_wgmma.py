@@ -1,27 +1,35 @@
 """The Hopper GEMM rungs of kernels/gemm_wgmma.cu (sm_90a: wgmma + TMA), and their launcher.
 
-``launch(impl, p)`` runs rung ``impl`` on the ``GemmProblem`` ``p`` on CuPy's current
-stream, for float16 and bfloat16 on a compute-capability 9.0 GPU (H100, H200):
+``launch(impl, p, config=None)`` runs rung ``impl`` on the ``GemmProblem`` ``p`` on CuPy's
+current stream, for float16 and bfloat16 on a compute-capability 9.0 GPU (H100, H200):
 
 - ``wgmma``: one warpgroup, 64 x 256 block tiles, a 4-stage ring filled by tensor copies,
   wgmma straight from shared memory, every k-tile waited for before its stage is refilled.
 - ``wgmma_ws``: a producer warpgroup and two consumer warpgroups (setmaxnreg) around a
-  full/empty mbarrier ring, 128 x 256 tiles, one persistent block an SM over the tiles in
+  full/empty mbarrier ring, 128 x BN tiles, one persistent block an SM over the tiles in
   grouped order. With beta == 0 its epilogue stages the tile in shared memory and writes
-  it by tensor stores (``output_map``), which run on while the next tile starts. ``config`` (``CONFIGS``): ``128x256`` runs blocks on their own;
-  ``128x256c2`` (the default) pairs blocks in clusters of 2 that take two tiles stacked
-  along M: each block copies its A and half of the shared B columns, multicast to both, so
-  B crosses L2 once for the pair. The persistent grid is as many clusters as the driver
-  says fit at once (``_launch.max_active_clusters``).
+  it by tensor stores (``output_map``), which run on while the next tile starts.
+
+``config`` (wgmma_ws; ``TILES``): ``128x256`` (4 stages), ``128x192`` (4 stages),
+``128x128`` (6 stages), and ``128x256c2``: pairs of blocks in clusters of 2 that take two
+tiles stacked along M, each copying its A and half of the shared B columns, multicast to
+both (B crosses L2 once for the pair), the persistent grid as many clusters as the driver
+says fit at once (``_launch.max_active_clusters``). ``None`` picks by a wave model
+(``pick_config``): a tile's time is taken as BN / EFFICIENCY[BN] and the grid's as the
+rounds of tiles over the SMs times that; fewer, wider tiles win ties. The narrower tiles
+are for problems whose 128 x 256 tiles leave SMs idle (a 512-token prefill: 512 x 4096
+has 64 of them on 132 SMs).
 
 Both read A and B through tensor maps (cupyops/_tma.py): 3-D (elements, rows, batch)
 with the 128-byte swizzle wgmma's descriptors expect; a K-contiguous operand moves in boxes
 of 64 K x (tile rows), an M/N-contiguous one in boxes of 64 x 64 that wgmma reads
 transposed. A tensor map needs a 16-byte aligned start and row and batch strides that are
-multiples of 16 bytes (and a nonzero row stride): a problem whose operands are otherwise
-runs ``mma`` (gemm_mma.cu), which takes any layout, as does every problem on another GPU
-under ``impl="auto"``. Naming a wgmma rung on a GPU other than sm_90 is an error.
+nonzero multiples of 16 bytes: a problem whose operands are otherwise runs ``mma``
+(gemm_mma.cu), which takes any layout, as does every problem on another GPU under
+``impl="auto"``. Naming a wgmma rung on a GPU other than sm_90 is an error.
 """
+import dataclasses
+
 import numpy as np
 
 from .. import _launch, _tma
@@ -33,80 +41,100 @@ VARIANTS = {
     "wgmma": "sm_90a: wgmma from 128-byte-swizzled shared memory filled by tensor copies (TMA) "
     "in a 4-stage mbarrier ring, one warpgroup on 64x256 tiles, each k-tile waited for",
     "wgmma_ws": "sm_90a: warp-specialised (a TMA producer warpgroup, two wgmma consumer "
-    "warpgroups, setmaxnreg) around full/empty mbarriers, 128x256 tiles, persistent over "
-    "the tiles in grouped order",
+    "warpgroups, setmaxnreg) around full/empty mbarriers, persistent over 128x256 (or "
+    "128x192, 128x128) tiles in grouped order, epilogue by tensor stores",
 }
 DTYPES = {impl: ("float16", "bfloat16") for impl in VARIANTS}
-# config -> blocks a cluster (wgmma_ws)
-CLUSTERS = {"128x256": 1, "128x256c2": 2}
-CONFIGS = {"wgmma": (), "wgmma_ws": tuple(CLUSTERS)}
-DEFAULT_CONFIG = {"wgmma": None, "wgmma_ws": "128x256"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    bm: int  # rows of A a block (a tile)
+    bn: int  # columns of B a tile
+    stages: int  # depth of the ring
+    cluster: int = 1  # blocks a cluster, tiles stacked along M
+
+
+TILES = {
+    "wgmma": {None: Tile(64, 256, 4)},
+    "wgmma_ws": {"128x256": Tile(128, 256, 4), "128x192": Tile(128, 192, 4), "128x128": Tile(128, 128, 6),
+                 "128x256c2": Tile(128, 256, 4, 2)},
+}
+CONFIGS = {impl: tuple(c for c in TILES[impl] if c is not None) for impl in VARIANTS}
+# Guessed relative throughput of a 128 x BN tile (a narrower tile re-reads A for fewer
+# columns), for the wave model.
+EFFICIENCY = {256: 1.0, 192: 0.95, 128: 0.85}
 
 ARCH = "sm_90a"
-CC = 90  # the compute capability an sm_90a cubin runs on
 BK = 64  # K of a stage: 128 bytes of a 16-bit type (the swizzle's row)
-BN = 256
-BM = {"wgmma": 64, "wgmma_ws": 128}
 THREADS = {"wgmma": 128, "wgmma_ws": 384}
-STAGES = {"wgmma": 4, "wgmma_ws": 4}
+STAGING = {"wgmma": 0, "wgmma_ws": 2 * 64 * 128 * 2}  # the epilogue's: 16 KB a consumer warpgroup
 RING_ALIGN = 1024  # the 128-byte swizzle repeats every 1024 bytes: stages start aligned
 PIECE = 64  # rows of an M/N-contiguous operand's box (64 x 64 elements, 8 KB)
 _MAX_GRID_X = 2**31 - 1
 
 
-STAGING = {"wgmma": 0, "wgmma_ws": 2 * 64 * 128 * 2}  # the epilogue's: 16 KB a consumer warpgroup
+def tile_of(impl, config):
+    """The Tile of rung ``impl`` under ``config`` (a name from CONFIGS; None for wgmma)."""
+    return TILES[impl][config]
 
 
-def smem(impl):
-    """Dynamic shared memory of rung ``impl``: the ring of (BM + BN) x 64 16-bit elements a
-    stage, the epilogue's staging (wgmma_ws), the 1024-byte alignment, and two 8-byte
-    mbarriers a stage."""
-    return STAGES[impl] * (BM[impl] + BN) * BK * 2 + STAGING[impl] + RING_ALIGN + 16 * STAGES[impl]
+def smem(impl, tile):
+    """Dynamic shared memory: the ring of (BM + BN) x 64 16-bit elements a stage, the
+    epilogue's staging (wgmma_ws), the 1024-byte alignment, two 8-byte mbarriers a stage."""
+    return tile.stages * (tile.bm + tile.bn) * BK * 2 + STAGING[impl] + RING_ALIGN + 16 * tile.stages
 
 
-def cluster_of(impl, config):
-    """Blocks a cluster for rung ``impl`` under ``config`` (None: the rung's default)."""
-    config = config or DEFAULT_CONFIG[impl]
-    return CLUSTERS[config] if config else 1
-
-
-def _name(impl, dtype, ta, tb, cluster=1):
+def _name(impl, dtype, ta, tb, tile):
     from .. import _dtypes
 
-    extra = (cluster,) if impl == "wgmma_ws" else ()
-    return template_name("gemm_" + impl, _dtypes.cuda_type(dtype), ta, tb, STAGES[impl], *extra)
+    t = _dtypes.cuda_type(dtype)
+    if impl == "wgmma":
+        return template_name("gemm_wgmma", t, ta, tb, tile.stages)
+    return template_name("gemm_wgmma_ws", t, ta, tb, tile.bn, tile.stages, tile.cluster)
 
 
 def _expressions():
-    names = []
-    for impl in VARIANTS:
-        for cfg in CONFIGS[impl] or (None,):
-            for dtype in DTYPES[impl]:
-                names += [_name(impl, dtype, ta, tb, cluster_of(impl, cfg)) for ta, tb in LAYOUTS]
-    return names
+    return [_name(impl, dtype, ta, tb, tile) for impl in VARIANTS for tile in TILES[impl].values()
+            for dtype in DTYPES[impl] for ta, tb in LAYOUTS]
 
 
 KERNELS = KernelFile("gemm_wgmma.cu", _expressions(), options=SPLIT_COMPILE, arch=ARCH)
 KERNEL_FILES = [KERNELS]
 
 
+def pick_config(p, sm_count):
+    """wgmma_ws's tile for problem ``p`` on ``sm_count`` SMs (wave model, module docstring);
+    clusters only when asked for."""
+    best, best_cost = None, None
+    for cfg in ("128x256", "128x192", "128x128"):
+        t = TILES["wgmma_ws"][cfg]
+        tiles = _launch.cdiv(p.M, t.bm) * _launch.cdiv(p.N, t.bn) * p.batch
+        cost = _launch.cdiv(tiles, sm_count) * t.bn / EFFICIENCY[t.bn]
+        if best_cost is None or cost < best_cost:
+            best, best_cost = cfg, cost
+    return best
+
+
 def plan(impl, p, config=None, sm_count=132, clusters=None):
-    """The ``_launch.Launch`` of rung ``impl`` on problem ``p`` (a plain function of numbers:
-    the CPU tier checks it). ``clusters``: how many clusters of the configuration fit on
-    the GPU at once (default: SMs / cluster size)."""
+    """(config, ``_launch.Launch``) of rung ``impl`` on problem ``p`` (a plain function of
+    numbers: the CPU tier checks it). ``clusters``: how many clusters of a clustered
+    configuration fit on the GPU at once (default: SMs / cluster size)."""
     check_rung("gemm_wgmma", impl, p.dtype, config, VARIANTS, DTYPES, CONFIGS)
-    cl = cluster_of(impl, config)
-    if impl == "wgmma_ws":  # persistent: a cluster a slot walks units of cl tiles along M
-        units = _launch.cdiv(p.M, BM[impl] * cl) * _launch.cdiv(p.N, BN) * p.batch
-        grid = (cl * min(units, clusters or sm_count // cl), 1, 1)
+    if impl == "wgmma_ws" and config is None:
+        config = pick_config(p, sm_count)
+    t = tile_of(impl, config)
+    if impl == "wgmma_ws":  # persistent: a cluster a slot walks units of `cluster` tiles along M
+        units = _launch.cdiv(p.M, t.bm * t.cluster) * _launch.cdiv(p.N, t.bn) * p.batch
+        grid = (t.cluster * min(units, clusters or sm_count // t.cluster), 1, 1)
     else:
-        tiles = _launch.cdiv(p.M, BM[impl]) * _launch.cdiv(p.N, BN)
+        tiles = _launch.cdiv(p.M, t.bm) * _launch.cdiv(p.N, t.bn)
         grid = (min(tiles, _MAX_GRID_X), 1, p.grid_z())
-    return _launch.Launch(KERNELS, _name(impl, p.dtype, *p.layout(), cl), grid, (THREADS[impl],), smem(impl),
-                          f"gemm impl={impl!r}", cl)
+    return config, _launch.Launch(KERNELS, _name(impl, p.dtype, *p.layout(), t), grid, (THREADS[impl],),
+                                  smem(impl, t), f"gemm impl={impl!r}", t.cluster)
 
 
-def map_specs(impl, p, cluster=1):
+def map_specs(p, tile):
     """(dims, byte strides, box) of the tensor maps of A and B, or None where K == 0.
     Each map is 3-D: the contiguous extent first, then the other, then the batch (one entry
     for a broadcast operand or a single product). K-contiguous operands (A stored M x K,
@@ -115,8 +143,8 @@ def map_specs(impl, p, cluster=1):
     if p.K == 0:
         return None
     specs = []
-    for ld, stride, rows, tile_rows, mn_major in ((p.lda, p.sA, p.M, BM[impl], p.ta),
-                                                  (p.ldb, p.sB, p.N, BN // cluster, not p.tb)):
+    for ld, stride, rows, tile_rows, mn_major in ((p.lda, p.sA, p.M, tile.bm, p.ta),
+                                                  (p.ldb, p.sB, p.N, tile.bn // tile.cluster, not p.tb)):
         entries = p.batch if stride else 1
         inner, outer = (rows, p.K) if mn_major else (p.K, rows)
         batch_bytes = 2 * (stride if stride else ld * outer)  # (unused with one entry)
@@ -125,11 +153,11 @@ def map_specs(impl, p, cluster=1):
     return specs
 
 
-def tensor_maps(impl, p, cluster=1):
+def tensor_maps(p, tile):
     """The tensor maps of A and B (128 bytes each), or None where a map cannot describe an
     operand (start not 16-byte aligned, a row or batch stride that is not a nonzero
     multiple of 16 bytes, or the driver refuses): the problem then runs ``mma``."""
-    specs = map_specs(impl, p, cluster)
+    specs = map_specs(p, tile)
     if specs is None:
         return None
     maps = []
@@ -167,19 +195,20 @@ def runs_here(props):
     return KERNELS.runs_on(props.cc) and _tma.available()
 
 
-_PLANS = {}  # memoized Launch per (impl, GemmProblem.shape_key, config, device)
+_PLANS = {}  # memoized (Tile, Launch) per (impl, GemmProblem.shape_key, config, device)
 _SLOTS = {}  # clusters that fit at once, per (kernel name, device)
 
 
-def _cluster_slots(name, cluster, props, device):
-    """How many clusters of kernel ``name`` run at once (None: one block an SM)."""
-    if cluster == 1:
+def _cluster_slots(name, tile, props, device):
+    """How many clusters of kernel ``name`` run at once (None: not clustered)."""
+    if tile.cluster == 1:
         return None
 
     def query():
         fn = KERNELS.function(name)
-        _launch.request_smem(fn, smem("wgmma_ws"), props, "gemm impl='wgmma_ws'")
-        return _launch.max_active_clusters(fn, cluster, (THREADS["wgmma_ws"],), smem("wgmma_ws")) or 0
+        nbytes = smem("wgmma_ws", tile)
+        _launch.request_smem(fn, nbytes, props, "gemm impl='wgmma_ws'")
+        return _launch.max_active_clusters(fn, tile.cluster, (THREADS["wgmma_ws"],), nbytes) or 0
 
     return _launch.memo(_SLOTS, (name, device), query) or None
 
@@ -193,19 +222,23 @@ def launch(impl, p, config=None):
     if not runs_here(props):
         raise ValueError(f"impl: {impl!r} needs a compute-capability 9.0 GPU (H100, H200) and a driver with "
                          f"tensor maps; this is {props.name} (sm_{props.cc})")
-    cl = cluster_of(impl, config)
-    maps = tensor_maps(impl, p, cl)
-    if maps is None:
-        _gemm_mma.launch("mma", p)
-        return
     device = _launch.current_device()
 
     def build():
-        slots = _cluster_slots(_name(impl, p.dtype, *p.layout(), cl), cl, props, device)
-        return plan(impl, p, config, props.sm_count, slots)
+        cfg, pl = plan(impl, p, config, props.sm_count)
+        t = tile_of(impl, cfg)
+        if t.cluster > 1:
+            slots = _cluster_slots(pl.name, t, props, device)
+            pl = plan(impl, p, cfg, props.sm_count, slots)[1]
+        return t, pl
 
+    tile, pl = _launch.memo(_PLANS, (impl, p.shape_key(), config, device), build)
+    maps = tensor_maps(p, tile)
+    if maps is None:
+        _gemm_mma.launch("mma", p)
+        return
     args = p.args() + maps
     if impl == "wgmma_ws":
         d_map, by_tma = output_map(p)
         args += (d_map, np.int32(by_tma))
-    _launch.memo(_PLANS, (impl, p.shape_key(), config, device), build)(args)
+    pl(args)

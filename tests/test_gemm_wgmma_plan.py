@@ -1,0 +1,125 @@
+"""CPU tier: the sm_90a GEMM launcher's numbers (no GPU): tiles and the wave model, launch
+geometry and shared memory, the tensor maps' shapes, and where it falls back."""
+import types
+
+import pytest
+
+from cupyops import _launch
+from cupyops.ops import _gemm_wgmma as W
+from cupyops.ops._gemm_problem import GemmProblem
+
+H100_SMS = 132
+SMEM_OPTIN = 232448  # 227 KB: an H100's per-block opt-in
+
+
+def arr(ptr=1 << 20):
+    """Stands in for a CuPy array: the launcher reads only .data.ptr."""
+    return types.SimpleNamespace(data=types.SimpleNamespace(ptr=ptr))
+
+
+def problem(M, N, K, ta=False, tb=True, batch=1, dtype="bfloat16", beta=0.0, ptr=1 << 20, ld=None):
+    lda = ld or (M if ta else K)
+    ldb = ld or (K if tb else N)
+    return GemmProblem(dtype, ta, tb, M, N, K, arr(ptr), arr(ptr), arr(ptr) if beta else None, arr(ptr), lda, ldb,
+                       N, N, 0, 0, 0, 0, batch, 1.0, beta)
+
+
+def test_every_tile_fits_one_block_of_shared_memory():
+    for impl, tiles in W.TILES.items():
+        for cfg, t in tiles.items():
+            assert W.smem(impl, t) <= SMEM_OPTIN, (impl, cfg, W.smem(impl, t))
+    # the 4-stage 128x256 ring, the 32 KB staging, 1 KB alignment, 8 barriers
+    assert W.smem("wgmma_ws", W.TILES["wgmma_ws"]["128x256"]) == 4 * 384 * 128 + 32768 + 1024 + 64
+
+
+@pytest.mark.parametrize("M,N,K,cfg", [
+    (4096, 4096, 4096, "128x256"),     # 512 tiles: 4 rounds of 132 either way, widest wins
+    (8192, 8192, 8192, "128x256"),
+    (4096, 28672, 4096, "128x256"),
+    (512, 4096, 14336, "128x128"),     # 64 tiles of 128x256 leave half the SMs idle
+    (512, 6144, 4096, "128x192"),      # 96 wide tiles; 128 of 128x192 make one round
+    (2048, 2048, 2048, "128x256"),
+])
+def test_wave_model_picks_the_tile(M, N, K, cfg):
+    assert W.pick_config(problem(M, N, K), H100_SMS) == cfg
+    chosen, pl = W.plan("wgmma_ws", problem(M, N, K), None, H100_SMS)
+    assert chosen == cfg and f", {W.TILES['wgmma_ws'][cfg].bn}, " in pl.name
+
+
+def test_plan_geometry():
+    cfg, pl = W.plan("wgmma_ws", problem(4096, 4096, 4096), "128x256", H100_SMS)
+    assert (pl.grid, pl.block, pl.cluster) == ((132, 1, 1), (384,), 1)
+    assert pl.name == "gemm_wgmma_ws<__nv_bfloat16, false, true, 256, 4, 1>"
+    # a cluster of 2 walks units of two tiles along M; as many clusters as fit
+    _, pl = W.plan("wgmma_ws", problem(4096, 4096, 4096), "128x256c2", H100_SMS, clusters=60)
+    assert (pl.grid, pl.cluster) == ((120, 1, 1), 2)
+    # fewer units than slots: one cluster a unit
+    _, pl = W.plan("wgmma_ws", problem(256, 512, 64, batch=3), "128x256c2", H100_SMS)
+    assert pl.grid == (2 * 1 * 2 * 3, 1, 1)
+    # the simple rung: a block a 64x256 tile, the batch on z
+    _, pl = W.plan("wgmma", problem(300, 520, 64, batch=70000), None, H100_SMS)
+    assert pl.grid == (5 * 3, 1, 65535) and pl.block == (128,) and pl.name.startswith("gemm_wgmma<")
+
+
+def test_map_specs_both_majors():
+    t = W.TILES["wgmma_ws"]["128x256"]
+    # x @ w.T: A stored M x K, B stored N x K: K-contiguous boxes of 64 K x tile rows
+    (da, sa, ba), (db, sb, bb) = W.map_specs(problem(300, 520, 712, ta=False, tb=True), t)
+    assert (da, ba) == ((712, 300, 1), (64, 128, 1)) and (db, bb) == ((712, 520, 1), (64, 256, 1))
+    assert sa == (2 * 712, 2 * 712 * 300)
+    # a @ b with trans_a: A stored K x M, B stored K x N: 64 x 64 boxes along M / N
+    (da, _, ba), (db, _, bb) = W.map_specs(problem(300, 520, 712, ta=True, tb=False), t)
+    assert (da, ba) == ((300, 712, 1), (64, 64, 1)) and (db, bb) == ((520, 712, 1), (64, 64, 1))
+    # a cluster of 2 copies half of B's K-contiguous rows a block
+    (_, _, _), (_, _, bb) = W.map_specs(problem(300, 520, 712), W.TILES["wgmma_ws"]["128x256c2"])
+    assert bb == (64, 128, 1)
+    assert W.map_specs(problem(4, 4, 0), t) is None
+
+
+def test_operands_a_map_cannot_describe_fall_back():
+    t = W.TILES["wgmma_ws"]["128x256"]
+    assert W.tensor_maps(problem(128, 256, 512, ptr=(1 << 20) + 2), t) is None  # misaligned start
+    assert W.tensor_maps(problem(128, 256, 517), t) is None  # rows of 517 elements: not 16-byte strides
+    assert W.tensor_maps(problem(128, 256, 512, ld=0), t) is None  # a broadcast row (stride 0)
+
+
+def test_output_map_only_without_c():
+    assert W.output_map(problem(128, 256, 64, beta=0.5)) == (W.NO_MAP, 0)  # C is read: direct stores
+    assert W.output_map(problem(128, 517, 64)) == (W.NO_MAP, 0)  # 517-element rows
+    p = problem(128, 256, 64, ptr=(1 << 20) + 8)
+    assert W.output_map(p) == (W.NO_MAP, 0)  # D not 16-byte aligned
+
+
+def test_every_configuration_is_instantiated():
+    names = set(W.KERNELS.name_expressions)
+    for impl, tiles in W.TILES.items():
+        for t in tiles.values():
+            for dtype in W.DTYPES[impl]:
+                for ta in ("false", "true"):
+                    for tb in ("false", "true"):
+                        assert W._name(impl, dtype, ta, tb, t) in names
+    assert W.KERNELS.arch == "sm_90a" and W.KERNELS.archs == ("sm_90a",)
+    assert W.KERNELS.runs_on(90) and not W.KERNELS.runs_on(80) and not W.KERNELS.runs_on(100)
+
+
+def test_bad_config_is_refused_before_launch():
+    with pytest.raises(ValueError, match="config"):
+        W.plan("wgmma_ws", problem(128, 128, 64), "64x64")
+    with pytest.raises(TypeError, match="float16, bfloat16"):
+        W.plan("wgmma_ws", problem(128, 128, 64, dtype="float32"))
+
+
+def test_launch_description_picks_the_driver_path(monkeypatch):
+    # a Launch with struct arguments or a cluster goes through the driver; else CuPy's call
+    calls = []
+    fn = types.SimpleNamespace(ptr=7)
+
+    class Kernels:
+        def function(self, name):
+            return fn
+
+    monkeypatch.setattr(_launch, "launch_with_structs",
+                        lambda f, grid, block, smem, args, cluster=1: calls.append(("driver", cluster)))
+    _launch.Launch(Kernels(), "k", (4, 1, 1), (128,), 0, "k", 2)((arr(),))
+    _launch.Launch(Kernels(), "k", (4, 1, 1), (128,), 0, "k", 1)((arr(), bytes(128)))
+    assert calls == [("driver", 2), ("driver", 1)]
