@@ -295,10 +295,4 @@ def launch(impl, p, config=None):
     if maps:
         pl = tma_plan
     name, grid, block, smem = pl
-    fn = KERNELS.function(name)
-    if smem:
-        _launch.request_smem(fn, smem, props, f"gemm_{impl}")
-    if maps:
-        _launch.launch_with_structs(fn, grid, block, smem, args + maps)
-    else:
-        fn(grid, block, args, shared_mem=smem)
+    _launch.Launch(KERNELS, name, grid, block, smem, f"gemm_{impl}")(args + maps if maps else args)
