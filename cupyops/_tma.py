@@ -19,6 +19,7 @@ MAP_BYTES = 128
 
 # CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
 # CUtensorMapFloatOOBfill (cuda.h): the values used here.
+DATA_UINT8 = 0  # 1-byte elements moved as they are (float8 e4m3 bits)
 DATA_UINT16 = 1  # 16-bit elements moved as they are (float16 and bfloat16 alike)
 INTERLEAVE_NONE = 0
 SWIZZLE_128B = 3

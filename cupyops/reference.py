@@ -129,6 +129,69 @@ def attention(q, k, v, causal=False, causal_align="top_left", scale=None, layout
     return (out, lse) if return_lse else out
 
 
+# ------------------------------------------------------------------ float8 e4m3
+E4M3_MAX = 448.0  # the largest finite float8 e4m3 value
+
+
+def e4m3_to_float(q):
+    """float64 values of float8 e4m3 bit patterns (a uint8 array, or a float8_e4m3fn one)."""
+    import ml_dtypes
+
+    q = _host(q)
+    if q.dtype != np.uint8:
+        q = q.view(np.uint8)
+    return q.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+def quantize_fp8(x, scale=None, axis=None):
+    """cupyops.quantize_fp8 bit for bit: (q, scale) with q the uint8 e4m3 bits of
+    sat(x / scale) and scale float32 (shape () for axis=None, x.shape[:-1] for axis=-1).
+    Computed in float32 as the kernel does: scale = amax / 448 (amax over |x| ignoring NaN;
+    0 -> 1), the correctly rounded float32 quotient x / scale, clamped to +-448 (NaN kept),
+    rounded to nearest even by ml_dtypes (whose own overflow would give NaN, hence the
+    clamp first; both give 448 from anything in (448, 464])."""
+    import ml_dtypes
+
+    x = _host(x).astype(np.float32)
+    per_row = axis is not None
+    if per_row and axis not in (-1, x.ndim - 1):
+        raise ValueError(f"axis: only the last axis or None, got {axis}")
+    if scale is None:
+        mag = np.abs(x)
+        amax = np.fmax.reduce(mag if per_row else mag.ravel(), axis=-1, initial=np.float32(0))
+        s = (np.asarray(amax, np.float32) / np.float32(E4M3_MAX)).astype(np.float32)
+        s = np.where(s == 0, np.float32(1), s).astype(np.float32)
+    else:
+        s = np.asarray(_host(scale), np.float32).reshape(x.shape[:-1] if per_row else ())
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        v = x / (s[..., None] if per_row else s)
+    v = np.clip(v, np.float32(-E4M3_MAX), np.float32(E4M3_MAX))
+    return v.astype(ml_dtypes.float8_e4m3fn).view(np.uint8), s
+
+
+def dequantize_fp8(q, scale, axis=None):
+    """float64 q * scale: the values quantize_fp8's (q, scale) stand for."""
+    v = e4m3_to_float(q)
+    s = _f64(scale)
+    return v * (s[..., None] if axis is not None else s)
+
+
+def scaled_matmul(a, b, scale_a, scale_b, bias=None):
+    """cupyops.scaled_matmul in float64: (a * scale_a) @ (b * scale_b) + bias for e4m3
+    bit arrays a [M, K] and b [K, N]; scale_a a scalar or one a row ([M] or [M, 1]),
+    scale_b a scalar or one a column ([N] or [1, N]), each taken as the float32 the kernel
+    reads; bias [N]."""
+    A, B = e4m3_to_float(a), e4m3_to_float(b)
+    sa = np.asarray(_host(scale_a), np.float32).astype(np.float64)
+    sb = np.asarray(_host(scale_b), np.float32).astype(np.float64)
+    sa = sa.reshape(-1, 1) if sa.size > 1 else sa.reshape(())
+    sb = sb.reshape(1, -1) if sb.size > 1 else sb.reshape(())
+    y = np.matmul(A * sa, B * sb)
+    if bias is not None:
+        y = y + _f64(bias)
+    return y
+
+
 def rel_error(out, ref):
     """||out - ref|| / ||ref|| in float64; inf when out has a NaN that ref has not."""
     out = _f64(out)
@@ -161,4 +224,11 @@ TOLERANCE = {
     # another ~2^-11 / 2^-8 relative on each term of the weighted sum. Twice each,
     # with room: 2e-3 and 1.5e-2.
     "attention": {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1.5e-2},
+    # scaled_matmul against the float64 product of the dequantised operands, by output
+    # dtype. The fp8 tensor cores keep ~14 bits of a running sum (DeepSeek-V3 report, 3.3.2);
+    # the kernel restarts it every 128 K and adds it into float32, which leaves a few 1e-4
+    # at most (4 truncations of a 128-term partial, a random walk over the partials):
+    # float32 output is bounded by that, 2e-3 with room; float16 adds its rounding (RMS
+    # ~3e-4), bfloat16 its (~2.3e-3).
+    "scaled_matmul": {"float32": 2e-3, "float16": 3e-3, "bfloat16": 1e-2},
 }

@@ -1,8 +1,9 @@
 """The operators. Each family module owns its kernel file(s), its variant table
 (public ``impl=`` names -> one line on what the rung adds) and its launchers."""
-from . import attention, gemm, norm, reduce, softmax
+from . import attention, fp8, gemm, norm, reduce, softmax
 
-_FAMILIES = {
+# The operator ladders (textbook rung to hardware limit, on every GPU the project targets).
+_LADDERS = {
     "trace": reduce,
     "sum": reduce,
     "max": reduce,
@@ -13,8 +14,19 @@ _FAMILIES = {
     "gemm": gemm,
     "attention": attention,
 }
+# Registered for variants(), kernel_files() and warmup(), but kept out of OPS: OPS is what
+# the generic sweeps walk (every op a ladder of at least two rungs; the GPU tier's
+# NumPy-in/CuPy-in checks on any GPU), and these are one rung each, scaled_matmul on sm_90
+# alone. Their own tests are tests/test_fp8_args.py and tests/test_gpu_fp8.py.
+_FP8 = {
+    "scaled_matmul": fp8,
+    "quantize_fp8": fp8,
+}
+_FAMILIES = {**_LADDERS, **_FP8}
 
-OPS = tuple(_FAMILIES)
+OPS = tuple(_LADDERS)
+FP8_OPS = tuple(_FP8)
+ALL_OPS = tuple(_FAMILIES)
 
 
 def variants(op):
@@ -23,21 +35,20 @@ def variants(op):
     try:
         return dict(_FAMILIES[op].VARIANTS[op])
     except KeyError:
-        raise ValueError(f"op: unknown operator {op!r}; expected one of {', '.join(OPS)}") from None
+        raise ValueError(f"op: unknown operator {op!r}; expected one of {', '.join(ALL_OPS)}") from None
 
 
 def kernel_files(ops=None):
-    """The KernelFile objects behind ``ops`` (all operators when None)."""
+    """The KernelFile objects behind ``ops`` (every registered operator when None)."""
     if ops is None:
-        ops = OPS
+        ops = ALL_OPS
     elif isinstance(ops, str):
         ops = (ops,)
     files = []
     for op in ops:
         if op not in _FAMILIES:
-            raise ValueError(f"ops: unknown operator {op!r}; expected one of {', '.join(OPS)}")
+            raise ValueError(f"ops: unknown operator {op!r}; expected one of {', '.join(ALL_OPS)}")
         for kf in _FAMILIES[op].KERNEL_FILES:
             if kf not in files:
                 files.append(kf)
     return files
-

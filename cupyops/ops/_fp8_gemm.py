@@ -1,0 +1,172 @@
+"""The float8 GEMM of kernels/gemm_fp8.cu (sm_90a: e4m3 wgmma + TMA), and its launcher.
+
+``launch(impl, p)`` runs rung ``impl`` on the ``Fp8Problem`` ``p`` on CuPy's current stream,
+on a compute-capability 9.0 GPU (H100, H200) alone; ``cupyops.ops.fp8.scaled_matmul`` has
+checked the arguments and laid the operands out as the kernel needs them:
+
+- ``wgmma_ws``: a producer warpgroup issuing tensor copies and two consumer warpgroups
+  (setmaxnreg) around a 4-stage full/empty mbarrier ring, 128 x 256 tiles, one persistent
+  block an SM over the tiles in grouped order; m64n128k32 e4m3 wgmmas whose partial sums
+  are added into float32 accumulators every 128 K (the fp8 tensor cores' own running sum
+  keeps ~14 bits); scales and bias applied in the epilogue.
+
+Both operands are K-major (8-bit wgmma has no transpose): A stored M x K, B stored N x K,
+each read through a 3-D tensor map (K, rows, 1) of 1-byte elements with the 128-byte
+swizzle, in boxes of 128 K x 128 rows (A) and 128 K x 256 rows (B). A tensor map needs a
+16-byte aligned start and a row stride that is a multiple of 16 bytes (``k_major_ld``).
+"""
+import dataclasses
+
+import numpy as np
+
+from .. import _arrays, _dtypes, _launch, _tma
+from .._kernels import SPLIT_COMPILE, KernelFile, template_name
+
+VARIANTS = {
+    "wgmma_ws": "sm_90a: e4m3 wgmma (m64n128k32, both operands K-major) from a 4-stage TMA ring, "
+    "a producer and two consumer warpgroups, 128x256 tiles, persistent; partial sums promoted "
+    "to float32 every 128 K; scales and bias in the epilogue",
+}
+OUT_TYPES = ("bfloat16", "float16", "float32")
+
+ARCH = "sm_90a"
+BM = 128  # rows of a tile (64 a consumer warpgroup)
+BN = 256  # columns of a tile
+BK = 128  # K of a stage: 128 one-byte elements, the 128-byte swizzle's row
+STAGES = 4
+THREADS = 384  # a producer and two consumer warpgroups
+RING_ALIGN = 1024  # the 128-byte swizzle repeats every 1024 bytes: stages start aligned
+ALIGN = 16  # bytes: a tensor map's start and row stride
+BIAS_NONE, BIAS_F32, BIAS_OUT = 0, 1, 2  # the kernel's bias_kind
+
+
+def smem():
+    """Dynamic shared memory: the ring of (BM + BN) x BK bytes a stage, its 1024-byte
+    alignment, and two 8-byte mbarriers a stage."""
+    return STAGES * (BM + BN) * BK + RING_ALIGN + 16 * STAGES
+
+
+def _name(out_dtype):
+    return template_name("scaled_matmul_wgmma_ws", _dtypes.cuda_type(out_dtype), STAGES)
+
+
+KERNELS = KernelFile("gemm_fp8.cu", [_name(d) for d in OUT_TYPES], options=SPLIT_COMPILE, arch=ARCH)
+KERNEL_FILES = [KERNELS]
+
+
+@dataclasses.dataclass
+class Fp8Problem:
+    """One checked launch: D (M x N, C-contiguous, out_dtype) = A @ B^T scaled, biased.
+    A and B are uint8 device arrays of e4m3 bits stored rows x K (K-major) with row strides
+    lda / ldb in bytes. A scale is either a host scalar (``scale_a`` None, ``sa0`` the
+    value) or a float32 device array read at index ``m * sa_step`` (step 0: one value)."""
+
+    M: int
+    N: int
+    K: int
+    A: object
+    B: object
+    lda: int
+    ldb: int
+    D: object
+    out_dtype: str
+    scale_a: object = None
+    sa_step: int = 0
+    sa0: float = 1.0
+    scale_b: object = None
+    sb_step: int = 0
+    sb0: float = 1.0
+    bias: object = None
+    bias_kind: int = BIAS_NONE
+
+    def args(self):
+        """The kernel's arguments before the two tensor maps, with its C types."""
+        null = _arrays.NULL_PTR
+        return (
+            self.D, np.int32(self.M), np.int32(self.N), np.int32(self.K), np.int64(self.N),
+            null if self.scale_a is None else self.scale_a, np.int32(self.sa_step), np.float32(self.sa0),
+            null if self.scale_b is None else self.scale_b, np.int32(self.sb_step), np.float32(self.sb0),
+            null if self.bias is None else self.bias, np.int32(self.bias_kind),
+        )
+
+    def shape_key(self):
+        return (self.M, self.N, self.K, self.out_dtype)
+
+
+def k_major_ld(shape, strides, ptr):
+    """The row stride (bytes) under which a tensor map reads the rows x K uint8 view of
+    this ``shape`` / byte ``strides`` / device address, or None when it cannot (a copy is
+    needed): K must be the unit-stride axis, the start 16-byte aligned, the rows a multiple
+    of 16 bytes apart and not overlapping. A single row needs no row stride: K itself
+    (a multiple of 16 where the caller checked K) stands in."""
+    rows, K = shape
+    s_rows, s_k = strides
+    if ptr % ALIGN or (s_k != 1 and K > 1):
+        return None
+    if rows == 1:
+        return -(-K // ALIGN) * ALIGN
+    if s_rows % ALIGN or s_rows < K:
+        return None
+    return s_rows
+
+
+def plan(M, N, out_dtype, sm_count=132):
+    """The ``_launch.Launch`` of ``wgmma_ws`` for an M x N output (a plain function of
+    numbers: the CPU tier checks it): one persistent block an SM, at most one a tile."""
+    if out_dtype not in OUT_TYPES:
+        raise TypeError(f"out_dtype: {out_dtype!r} is not one of {', '.join(OUT_TYPES)}")
+    tiles = _launch.cdiv(M, BM) * _launch.cdiv(N, BN)
+    return _launch.Launch(KERNELS, _name(out_dtype), (max(1, min(tiles, sm_count)), 1, 1), (THREADS,), smem(),
+                          "scaled_matmul impl='wgmma_ws'")
+
+
+def map_specs(M, N, K, lda, ldb):
+    """(dims, byte strides, box) of the tensor maps of A (M x K) and B (N x K): K
+    innermost, then the rows, then a batch of one (its stride is never stepped, but must
+    be a multiple of 16 bytes: a whole operand)."""
+    return [((K, rows, 1), (ld, ld * rows), (BK, box_rows, 1))
+            for rows, ld, box_rows in ((M, lda, BM), (N, ldb, BN))]
+
+
+def tensor_maps(p):
+    """The tensor maps of A and B (128 bytes each). The caller has made both operands
+    describable (``k_major_ld``); a refusal by the driver is an error here."""
+    maps = []
+    for arr, name, (dims, strides, box) in zip((p.A, p.B), ("a", "b"), map_specs(p.M, p.N, p.K, p.lda, p.ldb)):
+        m = _tma.encode_tiled(arr.data.ptr, dims, strides, box, _tma.SWIZZLE_128B, _tma.DATA_UINT8)
+        if m is None:
+            raise RuntimeError(f"scaled_matmul: the driver refused the tensor map of {name} (dims {dims}, byte "
+                               f"strides {strides}, box {box}, address {arr.data.ptr:#x})")
+        maps.append(m)
+    return tuple(maps)
+
+
+def runs_here(props):
+    """Does this GPU run gemm_fp8.cu (sm_90 with the driver's tensor-map encoder)?"""
+    return KERNELS.runs_on(props.cc) and _tma.available()
+
+
+def gpu_error(props):
+    """Why this GPU cannot run the float8 GEMM (None when it can)."""
+    if not KERNELS.runs_on(props.cc):
+        return (f"the float8 GEMM runs on compute capability 9.0 GPUs (H100, H200) alone, and there is no "
+                f"fallback kernel; this is {props.name} (sm_{props.cc})")
+    if not _tma.available():
+        return "the float8 GEMM needs the driver's cuTensorMapEncodeTiled (libcuda), which is not available"
+    return None
+
+
+_PLANS = {}  # memoized Launch per (Fp8Problem.shape_key, device)
+
+
+def launch(impl, p):
+    """Run rung ``impl`` on problem ``p`` (M, N, K > 0) on CuPy's current stream."""
+    if impl not in VARIANTS:
+        raise ValueError(f"impl: unknown scaled_matmul rung {impl!r}; expected one of {', '.join(VARIANTS)}")
+    props = _launch.device_props()
+    why = gpu_error(props)
+    if why is not None:
+        raise ValueError(f"impl: {impl!r}: {why}")
+    maps = tensor_maps(p)
+    key = (p.shape_key(), _launch.current_device())
+    _launch.memo(_PLANS, key, lambda: plan(p.M, p.N, p.out_dtype, props.sm_count))(p.args() + maps)

@@ -1,0 +1,253 @@
+// gemm_fp8.cu: out = (A @ B) * scale_a * scale_b (+ bias) for float8 e4m3 operands on Hopper's
+// warpgroup tensor-core instructions (sm_90a), float32 accumulation, out float16 / bfloat16 /
+// float32 (cupyops/ops/fp8.py scaled_matmul, the semantics of torch._scaled_mm).
+//
+// Why a file of its own: 8-bit wgmma has no transpose immediates, so both operands must be
+// K-major (A stored M x K, B stored N x K); a stage holds 128 K (128 bytes, the swizzle's
+// row) instead of 64; the instruction is k32; and the epilogue applies scales and a bias
+// instead of alpha / beta / C. The pipeline itself is gemm_wgmma_ws's (gemm_wgmma.cu).
+//
+// Kernels:
+//   1. scaled_matmul_wgmma_ws   warp-specialised and persistent, as gemm_wgmma_ws: a
+//                               producer warpgroup (one thread issuing tensor copies,
+//                               registers given back with setmaxnreg) and two consumer
+//                               warpgroups (64 rows each of a 128 x 256 tile) around a
+//                               full/empty mbarrier ring of 4 stages of 48 KB; one block an
+//                               SM walks the tiles in grouped order. A consumer's 256
+//                               columns are two m64n128k32 halves: each half runs the 4
+//                               wgmmas of a stage (128 K) into a 64-register partial, waits
+//                               for them and adds the partial into float32 accumulators.
+//                               Why the promotion: the fp8 tensor cores keep only ~14 bits
+//                               of their running sum (DeepSeek-V3 report, section 3.3.2:
+//                               a relative error of up to ~2 % at K = 4096) when the whole
+//                               K stays in the tensor core (what torch._scaled_mm
+//                               calls use_fast_accum=True; its default is off); restarting
+//                               the partial every 128 K bounds that to one stage's 4 steps.
+//                               A whole m64n256 partial would need 128 + 128 registers a
+//                               thread; the halves need 128 + 64. The cost: each half is
+//                               waited for (wait_group 0) before the next is issued; the
+//                               other consumer's wgmmas keep the tensor cores busy
+//                               meanwhile.
+//
+// Operands: two 3-D tensor maps (cupyops/ops/_fp8_gemm.py; K innermost, then rows, then a
+// batch of 1), 1-byte elements (CU_TENSOR_MAP_DATA_TYPE_UINT8), 128-byte swizzle, boxes of
+// 128 K x 128 rows (A) and 128 K x 256 rows (B). Edges (M, N, K not multiples of the tile)
+// are zeros the copy engine fills in; the epilogue masks the rows and columns it writes.
+// The launcher needs 16-byte aligned operands whose row strides are multiples of 16 bytes
+// (so K % 16 == 0 for contiguous ones) and K > 0 (K == 0 never launches).
+//
+// Epilogue: D[m, n] = acc * (sa0 * scale_a[m * sa_step]) * (sb0 * scale_b[n * sb_step])
+// + bias[n], rounded once to the output type. A null scale_a / scale_b leaves the scalar
+// sa0 / sb0 alone (a Python float scale costs no device array); step 0 is a per-tensor
+// scale held in device memory, step 1 one a row of A / column of B. bias_kind: 0 none,
+// 1 float32, 2 the output type.
+//
+// Launch geometry: block 384 threads; grid (min(tiles, SMs), 1, 1) with tiles =
+// cdiv(M, 128) * cdiv(N, 256); dynamic shared memory STAGES * 48 KB + 1 KB (ring
+// alignment) + 16 * STAGES (mbarriers).
+#include "sm90.cuh"
+
+using namespace cuops;
+using namespace cuops::sm90;
+
+// ------------------------------------------------------------------ fp8 wgmma (sm90.cuh)
+// d[64] (+)= A(desc) * B(desc), 64 x 128 x 32, both operands e4m3 and K-major (8-bit types
+// have no transpose immediates). accumulate false: d = A * B. The accumulator layout is the
+// 16-bit m64nNk16 one of sm90.cuh's header with N = 128: lane l of warp w holds, in
+// d[4j + 2h + e], row 16w + l/4 + 8h, column 8j + 2(l%4) + e.
+// This wrapper belongs in sm90.cuh beside wgmma_m64n256k16; it lives here until that file
+// is free to edit.
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], u64 da, u64 db, bool accumulate) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %66, 0;\n\t"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)));
+}
+
+namespace gf8 {
+
+constexpr int BM = 128;  // rows of a tile: 64 a consumer warpgroup
+constexpr int BN = 256;  // columns of a tile: two m64n128k32 halves a consumer
+constexpr int HALF_N = 128;
+constexpr int BK = 128;  // K of a stage: 128 one-byte elements, the 128-byte swizzle's row
+constexpr int KSTEP = 32;  // K of one wgmma
+constexpr int WG = 128;  // threads of a warpgroup
+constexpr int GROUP_M = 8;  // tile rows that walk the tile columns together (L2 reuse of B)
+constexpr unsigned RING_ALIGN = 1024;  // the swizzle atom: stages start 1024-byte aligned
+constexpr unsigned A_BYTES = BM * BK, B_BYTES = BN * BK, STAGE_BYTES = A_BYTES + B_BYTES;
+// 64 rows of 128 bytes: where a consumer's rows, or a half's B rows, start in a stage
+constexpr unsigned PIECE_BYTES = 64 * BK;
+static_assert(PIECE_BYTES == SwizzledTile16<false>::PIECE_BYTES,
+              "a K-major 128-byte-swizzled piece is 64 rows of 128 bytes for any element size");
+
+__device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+// Tile t of a TM x TN grid in grouped order: groups of GROUP_M tile rows, each walked
+// column by column (gemm_wgmma.cu's tile_coords; that file is not shared with this one).
+__device__ __forceinline__ void tile_coords(long long t, int TM, int TN, int& tm, int& tn) {
+    const long long per_group = static_cast<long long>(GROUP_M) * TN;
+    const int first = static_cast<int>(t / per_group) * GROUP_M;
+    const int rows = min(TM - first, GROUP_M);
+    const int r = static_cast<int>(t % per_group);
+    tm = first + r % rows;
+    tn = r / rows;
+}
+
+// One consumer warpgroup's share of a stage: its 64 rows of A against the 256 rows of B.
+// Each 128-column half: 4 k32 wgmmas into `part` (the first overwrites it), waited for,
+// then added into acc[64 h, 64 h + 64), which is the m64n256 accumulator layout. The K-major
+// descriptor of an 8-bit tile is the 16-bit one: a k32 step is 32 bytes, as a k16 step of
+// 16-bit elements is.
+__device__ __forceinline__ void mma_stage(float (&acc)[128], float (&part)[64], unsigned st, int a_row) {
+    const unsigned a = st + (a_row / 64) * PIECE_BYTES;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned b = st + A_BYTES + h * HALF_N * BK;
+        wgmma_fence();  // part was read by the previous promotion
+#pragma unroll
+        for (int k = 0; k < BK / KSTEP; ++k)
+            wgmma_m64n128k32_e4m3(part, SwizzledTile16<false>::desc(a, k), SwizzledTile16<false>::desc(b, k), k > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(part);
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[64 * h + i] += part[i];
+    }
+}
+
+template <typename OutT> __device__ __forceinline__ float bias_at(const void* bias, int kind, int n) {
+    if (kind == 1) return __ldg(static_cast<const float*>(bias) + n);
+    return to_f32(static_cast<const OutT*>(bias)[n]);
+}
+
+// Two adjacent outputs as one 4-byte (16-bit types) or 8-byte (float32) store.
+template <typename OutT> __device__ __forceinline__ void store_pair(OutT* p, float x0, float x1) {
+    if constexpr (sizeof(OutT) == 4) *reinterpret_cast<float2*>(p) = make_float2(x0, x1);
+    else *reinterpret_cast<unsigned*>(p) = pack2<OutT>(x0, x1);
+}
+
+// The epilogue of one consumer warpgroup: its 64 x 256 accumulators (rows from m_row,
+// columns from n0) scaled, biased, rounded and stored, masked to M x N. A column's scale
+// and bias are loaded once for the thread's two rows.
+template <typename OutT>
+__device__ __forceinline__ void store_tile(const float (&acc)[128], OutT* D, int M, int N, i64 ldd,
+                                           const float* scale_a, int sa_step, float sa0, const float* scale_b,
+                                           int sb_step, float sb0, const void* bias, int bias_kind, int m_row,
+                                           int n0) {
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+    const int col = n0 + 2 * (lane % 4);
+    int m[2];
+    float ra[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        m[h] = m_row + 16 * warp + lane / 4 + 8 * h;
+        ra[h] = sa0;
+        if (scale_a != nullptr && m[h] < M) ra[h] *= __ldg(scale_a + static_cast<i64>(m[h]) * sa_step);
+    }
+    const bool pairs = ldd % 2 == 0 && reinterpret_cast<unsigned long long>(D) % (2 * sizeof(OutT)) == 0;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        const int n = col + 8 * j;
+        if (n >= N) continue;
+        const bool two = n + 1 < N;
+        float cb0 = sb0, cb1 = sb0, b0 = 0.f, b1 = 0.f;
+        if (scale_b != nullptr) {
+            cb0 *= __ldg(scale_b + static_cast<i64>(n) * sb_step);
+            if (two) cb1 *= __ldg(scale_b + static_cast<i64>(n + 1) * sb_step);
+        }
+        if (bias_kind != 0) {
+            b0 = bias_at<OutT>(bias, bias_kind, n);
+            if (two) b1 = bias_at<OutT>(bias, bias_kind, n + 1);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if (m[h] >= M) continue;
+            const float x0 = fmaf(acc[4 * j + 2 * h] * ra[h], cb0, b0);
+            const float x1 = fmaf(acc[4 * j + 2 * h + 1] * ra[h], cb1, b1);
+            OutT* drow = D + static_cast<i64>(m[h]) * ldd;
+            if (pairs && two) {
+                store_pair<OutT>(drow + n, x0, x1);
+            } else {
+                drow[n] = from_f32<OutT>(x0);
+                if (two) drow[n + 1] = from_f32<OutT>(x1);
+            }
+        }
+    }
+}
+
+}  // namespace gf8
+
+// ----------------------------------------------------------------- 1. scaled_matmul_wgmma_ws
+// Registers: 384 threads at one block an SM start with 168 each; the producer gives back
+// to 40 and the consumers take 232 (acc 128 + part 64 + addressing), as in gemm_wgmma_ws
+// (128 * 40 + 256 * 232 <= 65536).
+constexpr int FP8_PRODUCER_REGS = 40;
+constexpr int FP8_CONSUMER_REGS = 232;
+
+template <typename OutT, int STAGES>
+__global__ void __launch_bounds__(3 * gf8::WG, 1)
+    scaled_matmul_wgmma_ws(OutT* __restrict__ D, int M, int N, int K, i64 ldd, const float* __restrict__ scale_a,
+                           int sa_step, float sa0, const float* __restrict__ scale_b, int sb_step, float sb0,
+                           const void* __restrict__ bias, int bias_kind, const __grid_constant__ TmaMap mapA,
+                           const __grid_constant__ TmaMap mapB) {
+    using namespace gf8;
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned ring = (smem_u32(smem_raw) + RING_ALIGN - 1) & ~(RING_ALIGN - 1);
+    const Pipeline<STAGES> pipe{ring + STAGES * STAGE_BYTES};
+    if (threadIdx.x == 0) pipe.init(2);  // an empty phase: one arrival per consumer warpgroup
+    __syncthreads();
+
+    const int TM = cdiv(M, BM), TN = cdiv(N, BN), KT = cdiv(K, BK);
+    const long long tiles = static_cast<long long>(TM) * TN;
+    if (warpgroup() == 0) {  // producer
+        setmaxnreg_dec<FP8_PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            unsigned it = 0;
+            for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+                int tm, tn;
+                tile_coords(t, TM, TN, tm, tn);
+                for (int kt = 0; kt < KT; ++kt, ++it) {
+                    pipe.producer_acquire(it);
+                    pipe.producer_expect(it, STAGE_BYTES);
+                    const unsigned st = ring + pipe.stage(it) * STAGE_BYTES;
+                    tma_load_3d(st, &mapA, kt * BK, tm * BM, 0, pipe.full(it).addr);
+                    tma_load_3d(st + A_BYTES, &mapB, kt * BK, tn * BN, 0, pipe.full(it).addr);
+                }
+            }
+        }
+        __syncwarp();
+    } else {  // consumers: warpgroup 1 computes rows 0-63 of the tile, warpgroup 2 rows 64-127
+        setmaxnreg_inc<FP8_CONSUMER_REGS>();
+        const int a_row = 64 * (warpgroup() - 1);
+        const bool leader = threadIdx.x % WG == 0;
+        float acc[128], part[64];
+        unsigned it = 0;
+        for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+            int tm, tn;
+            tile_coords(t, TM, TN, tm, tn);
+#pragma unroll
+            for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+            for (int kt = 0; kt < KT; ++kt, ++it) {
+                pipe.consumer_wait(it);
+                mma_stage(acc, part, ring + pipe.stage(it) * STAGE_BYTES, a_row);
+                // both halves were waited for: nothing of this warpgroup reads the stage now
+                if (leader) pipe.consumer_release(it);
+            }
+            store_tile<OutT>(acc, D, M, N, ldd, scale_a, sa_step, sa0, scale_b, sb_step, sb0, bias, bias_kind,
+                             tm * BM + a_row, tn * BN);
+        }
+    }
+}
