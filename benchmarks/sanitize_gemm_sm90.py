@@ -5,7 +5,8 @@
 
 Every layout, edges in M, N and K (extents multiples of 8 so that tensor maps describe
 them, none a multiple of a tile), a stack with a broadcast operand, beta == 0 (the
-tensor-store epilogue) and beta != 0 (direct stores). Each result is checked against the
+tensor-store epilogue) and beta != 0 (direct stores), and one problem of more tiles than
+SMs for every wgmma_ws configuration. Each result is checked against the
 float64 reference, so a run that the sanitizer passes is also a right one.
 """
 import cupy as cp
@@ -39,6 +40,19 @@ def main():
                         err = reference.rel_error(d.get(), ref)
                         assert err < 1e-2, (impl, cfg, M, N, K, ta, tb, batch, beta, err)
                         cases += 1
+    # more tiles than SMs: persistent blocks go from one tile to the next (ring phases,
+    # staging buffer reuse, the producer running ahead into the next tile)
+    M, N, K = 2056, 2312, 72
+    a = cp.asarray(rng.standard_normal((M, K)).astype(np.float32)).astype(cp.float16)
+    b = cp.asarray(rng.standard_normal((N, K)).astype(np.float32)).astype(cp.float16)
+    ref = reference.gemm(a.get(), b.get(), None, 1.0, 0.0, False, True)
+    for cfg in W.CONFIGS["wgmma_ws"]:
+        d = cp.full((M, N), np.nan, cp.float16)
+        (p,) = G._problems("float16", False, True, M, N, K, a, b, None, d, (), 1.0, 0.0, cp)
+        W.launch("wgmma_ws", p, cfg)
+        err = reference.rel_error(d.get(), ref)
+        assert err < 1e-2, (cfg, err)
+        cases += 1
     cp.cuda.runtime.deviceSynchronize()
     print(f"{cases} sm_90a GEMM cases right")
 

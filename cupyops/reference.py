@@ -149,7 +149,9 @@ def quantize_fp8(x, scale=None, axis=None):
     Computed in float32 as the kernel does: scale = amax / 448 (amax over |x| ignoring NaN;
     0 -> 1), the correctly rounded float32 quotient x / scale, clamped to +-448 (NaN kept),
     rounded to nearest even by ml_dtypes (whose own overflow would give NaN, hence the
-    clamp first; both give 448 from anything in (448, 464])."""
+    clamp first; both give 448 from anything in (448, 464]). An amax under 448 times
+    float32's smallest normal gives scale 1 (the kernel flushes the subnormal quotient); an
+    infinite |x| gives an infinite scale, so every finite element quantises to 0."""
     import ml_dtypes
 
     x = _host(x).astype(np.float32)
@@ -160,7 +162,10 @@ def quantize_fp8(x, scale=None, axis=None):
         mag = np.abs(x)
         amax = np.fmax.reduce(mag if per_row else mag.ravel(), axis=-1, initial=np.float32(0))
         s = (np.asarray(amax, np.float32) / np.float32(E4M3_MAX)).astype(np.float32)
-        s = np.where(s == 0, np.float32(1), s).astype(np.float32)
+        # the kernel runs with -ftz: a quotient under float32's smallest normal is 0, and a
+        # scale of 0 becomes 1
+        tiny = np.finfo(np.float32).tiny
+        s = np.where(s < tiny, np.float32(1), s).astype(np.float32)
     else:
         s = np.asarray(_host(scale), np.float32).reshape(x.shape[:-1] if per_row else ())
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):

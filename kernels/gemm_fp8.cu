@@ -55,7 +55,7 @@ using namespace cuops::sm90;
 // have no transpose immediates). accumulate false: d = A * B. The accumulator layout is the
 // 16-bit m64nNk16 one of sm90.cuh's header with N = 128: lane l of warp w holds, in
 // d[4j + 2h + e], row 16w + l/4 + 8h, column 8j + 2(l%4) + e.
-// This wrapper belongs in sm90.cuh beside wgmma_m64n256k16; it lives here until that file
+// This wrapper belongs in sm90.cuh beside wgmma_m64nNk16; it lives here until that file
 // is free to edit.
 __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], u64 da, u64 db, bool accumulate) {
     asm volatile(

@@ -34,7 +34,8 @@
 // zeros the copy engine fills in past the tensor's extent; the epilogue masks the rows and
 // columns it writes. The launcher runs these kernels only where the operands are 16-byte
 // aligned with row and batch strides that are multiples of 16 bytes (what a tensor map
-// can describe); other problems run gemm_mma.
+// can describe), and K > 0 (with no k-tile the consumers would release a stage they never
+// took); other problems, K == 0 among them, run gemm_mma or the naive rung.
 //
 // Launch geometry (cupyops/ops/_gemm_wgmma.py computes it):
 //   gemm_wgmma<T, TA, TB, STAGES>: block 128; grid (cdiv(M, 64) * cdiv(N, 256), 1, batch');

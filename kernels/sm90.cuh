@@ -51,8 +51,10 @@ struct Barrier {
     __device__ __forceinline__ void arrive() const {
         asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(addr) : "memory");
     }
-    // One arrival that also announces `bytes` of tensor copies completing on this barrier
-    // (before the copies are issued, so the transaction count never runs ahead).
+    // One arrival that also announces `bytes` of tensor copies completing on this barrier,
+    // made before this thread issues its copies. (A multicast copy from another block of the
+    // cluster may land first and take the count below zero: the phase still waits for this
+    // arrival, so it completes only when every announced byte has come.)
     __device__ __forceinline__ void arrive_expect_tx(unsigned bytes) const { mbar_arrive_tx(addr, bytes); }
     // One arrival on the barrier at the same offset in block `rank` of this cluster. Release
     // at CTA scope, as a local arrive: the arrival only says that this warpgroup's wgmmas,

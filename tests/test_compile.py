@@ -113,3 +113,11 @@ def test_setmaxnreg_is_kept():
     res = _nvrtc.compile_file("gemm_wgmma.cu", names[:2], "sm_90a", kf.extra_options)
     assert "C7508" not in res.log and "setmaxnreg" not in res.log.lower(), res.log
     assert not [ln for ln in res.log.splitlines() if "warning" in ln.lower()], res.log
+
+
+def test_no_wgmma_serialisation(compiled):
+    # ptxas reports, as an info line (not a warning), when it must wait for wgmmas in
+    # flight because their accumulators are touched before wgmma.wait_group (C7515 ...
+    # C7517): the kernels would run serialised
+    _, res = compiled
+    assert "(C75" not in res.log, [ln for ln in res.log.splitlines() if "(C75" in ln]

@@ -18,8 +18,8 @@ def arr(ptr=1 << 20):
 
 
 def problem(M, N, K, ta=False, tb=True, batch=1, dtype="bfloat16", beta=0.0, ptr=1 << 20, ld=None):
-    lda = ld or (M if ta else K)
-    ldb = ld or (K if tb else N)
+    lda = ld if ld is not None else (M if ta else K)
+    ldb = ld if ld is not None else (K if tb else N)
     return GemmProblem(dtype, ta, tb, M, N, K, arr(ptr), arr(ptr), arr(ptr) if beta else None, arr(ptr), lda, ldb,
                        N, N, 0, 0, 0, 0, batch, 1.0, beta)
 
@@ -76,8 +76,27 @@ def test_map_specs_both_majors():
     assert W.map_specs(problem(4, 4, 0), t) is None
 
 
-def test_operands_a_map_cannot_describe_fall_back():
+def test_operands_a_map_describes_are_encoded_as_specified(monkeypatch):
+    # (no driver here: the encoder stands in, and records what it was asked)
+    from cupyops import _tma
+
+    asked = []
+    monkeypatch.setattr(_tma, "encode_tiled", lambda *a: asked.append(a) or bytes(128))
+    t = W.TILES["wgmma_ws"]["128x192"]
+    p = problem(304, 520, 712, ta=True, tb=False)  # A stored K x M: rows of 304 elements
+    maps = W.tensor_maps(p, t)
+    assert maps == (bytes(128), bytes(128))
+    assert [a[1:] for a in asked] == [tuple(s) for s in W.map_specs(p, t)]
+    assert W.output_map(problem(300, 520, 712)) == (bytes(128), 1)
+    assert asked[-1][1:] == ((520, 300, 1), (1040, 2 * 520 * 300), (64, 64, 1))
+
+
+def test_operands_a_map_cannot_describe_fall_back(monkeypatch):
+    from cupyops import _tma
+
+    monkeypatch.setattr(_tma, "encode_tiled", lambda *a: bytes(128))  # the driver would accept
     t = W.TILES["wgmma_ws"]["128x256"]
+    assert W.tensor_maps(problem(128, 256, 512), t) is not None
     assert W.tensor_maps(problem(128, 256, 512, ptr=(1 << 20) + 2), t) is None  # misaligned start
     assert W.tensor_maps(problem(128, 256, 517), t) is None  # rows of 517 elements: not 16-byte strides
     assert W.tensor_maps(problem(128, 256, 512, ld=0), t) is None  # a broadcast row (stride 0)
@@ -123,3 +142,16 @@ def test_launch_description_picks_the_driver_path(monkeypatch):
     _launch.Launch(Kernels(), "k", (4, 1, 1), (128,), 0, "k", 2)((arr(),))
     _launch.Launch(Kernels(), "k", (4, 1, 1), (128,), 0, "k", 1)((arr(), bytes(128)))
     assert calls == [("driver", 2), ("driver", 1)]
+
+
+@pytest.mark.parametrize("M,N,K,batch,splits", [
+    (128, 256, 4096, 1, True),     # 4 tiles of 64x128: mma splits K, and auto keeps mma
+    (128, 4096, 4096, 1, False),   # 64 tiles: 3 x 64 > 132 SMs
+    (128, 256, 4096, 2, False),    # split-K is for single products
+    (128, 256, 256, 1, False),     # too short a K to split
+])
+def test_where_mma_splits_k(M, N, K, batch, splits):
+    from cupyops.ops import _gemm_mma
+
+    assert _gemm_mma.splits_k("bfloat16", M, N, K, batch, H100_SMS) is splits
+    assert not _gemm_mma.splits_k("float32", M, N, K, batch, H100_SMS)

@@ -456,8 +456,37 @@ def test_auto_runs_wgmma_ws_on_hopper(monkeypatch):
     launched = []
     real = G._gemm_wgmma.launch
     monkeypatch.setattr(G._gemm_wgmma, "launch", lambda impl, p, config=None: launched.append(impl) or real(impl, p))
-    a = cp.asarray(rand(np.random.default_rng(), (256, 512), "float16"))
+    rng = np.random.default_rng()
+    a = cp.asarray(rand(rng, (1024, 512), "float16"))
     cupyops.matmul(a, a.T)
     assert launched == ["wgmma_ws"]
     cupyops.matmul(a[:8], a.T)  # decode-sized: mma's split-K
     assert launched == ["wgmma_ws"]
+    b = cp.asarray(rand(rng, (4096, 256), "float16"))
+    cupyops.matmul(a[:128, :256].copy(), b[:256])  # few tiles, short K: no split either way
+    assert launched == ["wgmma_ws", "wgmma_ws"]
+    got = cupyops.matmul(cp.asarray(rand(rng, (128, 4096), "float16")), b)  # mma would split K: it runs
+    assert launched == ["wgmma_ws", "wgmma_ws"] and got.shape == (128, 256)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", list(G._gemm_wgmma.CONFIGS["wgmma_ws"]))
+def test_wgmma_ws_blocks_walk_several_tiles(cfg, dtype):
+    # more tiles than SMs (170 of 128x256, 221 of 128x192, 323 of 128x128, 90 pairs on 66
+    # cluster slots), so each persistent block carries its ring's phases, its staging
+    # buffer and the producer's run-ahead from one tile to the next; beta == 0 (tensor
+    # stores) and beta != 0 (direct stores), a @ b and x @ w.T
+    require("wgmma_ws")
+    cp = _cp()
+    rng = np.random.default_rng()
+    M, N, K = 2056, 2312, 200
+    for tb, beta in ((False, 0.0), (True, -0.5)):
+        a = rand(rng, (M, K), dtype)
+        b = rand(rng, (N, K) if tb else (K, N), dtype)
+        c = rand(rng, (M, N), dtype) if beta else None
+        ref = reference.gemm(a, b, c, 1.0, beta, False, tb)
+        d = poisoned((M, N), _dtypes.to_dtype(dtype))
+        (p,) = G._problems(dtype, False, tb, M, N, K, cp.asarray(a), cp.asarray(b),
+                           None if c is None else cp.asarray(c), d, (), 1.0, beta, cp)
+        G._gemm_wgmma.launch("wgmma_ws", p, cfg)
+        check(d, ref, dtype, K, f"wgmma_ws {cfg} {dtype} {M}x{N}x{K} tb={tb} beta={beta}")

@@ -228,16 +228,23 @@ class SplitPlan:
     reduce_grid: tuple
 
 
+def splits_k(dtype, M, N, K, batch, sm_count=132):
+    """Does ``mma`` (with no forced config) run a problem of these sizes as split-K?"""
+    if dtype not in SPLIT_TYPES or batch != 1:
+        return False
+    bm, bn = mma_params(SPLIT_CONFIG, dtype)[:2]
+    tiles = _launch.cdiv(M, bm) * _launch.cdiv(N, bn)
+    return SPLIT_MAX_TILE_FRACTION * tiles <= sm_count and K >= 2 * SPLIT_MIN_K_TILES * (STAGE_K_BYTES // 2)
+
+
 def split_plan(impl, p, config=None, sm_count=132):
     """The split-K launch of ``mma`` for ``p``, or None when the plain plan fills the GPU
     (or the problem is not one product of a 16-bit type, or a config was forced)."""
-    if impl != "mma" or config is not None or p.dtype not in SPLIT_TYPES or p.batch != 1:
+    if impl != "mma" or config is not None or not splits_k(p.dtype, p.M, p.N, p.K, p.batch, sm_count):
         return None
     bm, bn = mma_params(SPLIT_CONFIG, p.dtype)[:2]
     bk = STAGE_K_BYTES // 2
     tiles = _launch.cdiv(p.M, bm) * _launch.cdiv(p.N, bn)
-    if SPLIT_MAX_TILE_FRACTION * tiles > sm_count or p.K < 2 * SPLIT_MIN_K_TILES * bk:
-        return None
     S = min(_launch.cdiv(SPLIT_BLOCKS_PER_SM * sm_count, tiles), p.K // (SPLIT_MIN_K_TILES * bk), 65535)
     ks = _launch.cdiv(_launch.cdiv(p.K, S), bk) * bk
     S = _launch.cdiv(p.K, ks)  # no empty trailing split

@@ -58,7 +58,8 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ou
     ``bias``: [N], ``out_dtype`` or float32. ``out``: [M, N] of ``out_dtype``, C-contiguous.
 
     Runs on a compute-capability 9.0 GPU (H100, H200) alone: there is no fallback kernel for
-    other GPUs, and calling it there raises RuntimeError naming the GPU. NumPy arrays in
+    other GPUs, and calling it there raises RuntimeError naming the GPU (ValueError naming
+    ``impl`` when a rung was asked for by name). NumPy arrays in
     give NumPy out (through the device)."""
     a = _fp8_bits(a, "a")
     b = _fp8_bits(b, "b")
@@ -74,7 +75,7 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ou
         raise ValueError(f"a: K = {K} is not a multiple of 16: the operands' rows must be a multiple of 16 "
                          f"bytes for the tensor copies (pad K with zeros)")
     for v, name in ((M, "a"), (N, "b"), (K, "a")):
-        if v > 2**31 - 1:
+        if v > 2**31 - 256:  # (the kernel rounds M, N and K up to a tile in 32-bit ints)
             raise ValueError(f"{name}: a dimension of {v} is more than the kernel's 32-bit indices address")
     sa = _scale(scale_a, "scale_a", a, M, ((M,), (M, 1)))
     sb = _scale(scale_b, "scale_b", a, N, ((N,), (1, N)))

@@ -50,7 +50,9 @@ def auto_impl(dtype, M, N, K, hopper=False):
     float16 / bfloat16 run ``mma``, which splits K when its tiles are few
     (_gemm_mma.split_plan), float32 and int8 the skinny split-K kernel; otherwise the top
     rung of the dtype: for float16 / bfloat16 on a GPU that runs the sm_90a rungs
-    (``hopper``) ``wgmma_ws``, elsewhere ``mma``. Measured on an H100 (benchmarks/gemm_sweep.py --only
+    (``hopper``: the caller also leaves it False where ``mma`` would split K, as for decode
+    shapes; wgmma_ws has no split-K, and those mid-sized M are not measured yet)
+    ``wgmma_ws``, elsewhere ``mma``. Measured on an H100 (benchmarks/gemm_sweep.py --only
     skinny,mma_decode; results/h100-gemm-sweep-decode*.txt), fp16/bf16 against cuBLAS:
     1x4096x4096 mma 0.81-0.86x, skinny 0.78-0.79x; 16x4096x4096 0.81-0.91x against
     0.66-0.68x; 1x11008x4096 0.96-0.97x against 0.86-0.87x; 64x4096x4096 0.73-0.75x
@@ -171,12 +173,17 @@ def _gemm(a, b, c, alpha, beta, ta, tb, out, impl, squeeze, op):
         raise ValueError("beta: a nonzero beta needs c")
     _arrays.check_impl(impl, LADDER, op)
     if impl == "auto":
-        hopper = dt in ("float16", "bfloat16") and M > _gemm_skinny.MAX_M and _runs_wgmma()
+        hopper = (dt in ("float16", "bfloat16") and M > _gemm_skinny.MAX_M and _runs_wgmma()
+                  and not (not batch and _gemm_mma.splits_k(dt, M, N, K, 1, _launch.device_props().sm_count)))
         impl = auto_impl(dt, M, N, K, hopper)
     elif dt not in dtypes_of(impl):
         raise TypeError(f"impl: {impl!r} supports {', '.join(dtypes_of(impl))}, not {dt}")
     if impl == "skinny" and M > _gemm_skinny.MAX_M:
         raise ValueError(f"impl: 'skinny' is for M <= {_gemm_skinny.MAX_M} rows, got M={M}")
+    if impl in _gemm_wgmma.VARIANTS and not _runs_wgmma():
+        props = _launch.device_props()
+        raise ValueError(f"impl: {impl!r} needs a compute-capability 9.0 GPU (H100, H200) and a driver "
+                         f"with tensor maps; this is {props.name} (sm_{props.cc})")
     # out: exact shape and dtype, C-contiguous, not overlapping a or b; it may be c itself
     # (the kernels read each element of C before writing the same element of D) but not
     # partially overlap it.
