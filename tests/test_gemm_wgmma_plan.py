@@ -155,3 +155,16 @@ def test_where_mma_splits_k(M, N, K, batch, splits):
 
     assert _gemm_mma.splits_k("bfloat16", M, N, K, batch, H100_SMS) is splits
     assert not _gemm_mma.splits_k("float32", M, N, K, batch, H100_SMS)
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("cupy") is not None, reason="CuPy is installed here")
+@pytest.mark.parametrize("impl", ["auto", "wgmma_ws", "wgmma"])
+def test_a_16_bit_product_without_cupy_says_what_is_missing(impl):
+    # auto asks whether the GPU runs the sm_90a rungs, and a named wgmma rung checks it:
+    # either way, without CuPy the error is CuPy's own, naming the install
+    import numpy as np
+
+    import cupyops
+
+    with pytest.raises(RuntimeError, match=r"needs CuPy.*cupyops\[cuda12\]"):
+        cupyops.matmul(np.ones((100, 8), np.float16), np.ones((8, 8), np.float16), impl=impl)

@@ -65,7 +65,9 @@ def auto_impl(dtype, M, N, K, hopper=False):
 
 
 def _runs_wgmma():
-    """Does the current GPU run the sm_90a rungs?"""
+    """Does the current GPU run the sm_90a rungs? (Without CuPy or a GPU: CuPy's error,
+    which says what is missing.)"""
+    _arrays.cupy_module()
     return _gemm_wgmma.runs_here(_launch.device_props())
 
 
