@@ -209,8 +209,8 @@ def _cupy():
         import cupy
     except ImportError as exc:
         raise RuntimeError(
-            "cupyops needs CuPy to run an operator: pip install 'cupyops[cuda12]' or "
-            f"'cupyops[cuda13]' (import failed: {exc})"
+            "cupyops needs CuPy to run an operator: in a cupyops checkout, pip install \".[cuda13]\" "
+            f"(\".[cuda12]\" for a CUDA 12 driver) (import failed: {exc})"
         ) from None
     try:
         count = cupy.cuda.runtime.getDeviceCount()

@@ -2,6 +2,7 @@
 the reports are fed fabricated rows, the plan a fabricated variant table."""
 import json
 import math
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -231,6 +232,31 @@ def test_list_prints_the_plan_without_a_gpu(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "rms_norm axis=-1 float32 16384x8192: twopass (skipped), fused, auto, torch" in out
     assert out.strip().endswith("9 cases, 27 impl runs")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed here")
+def test_a_run_without_cupy_says_what_is_missing_in_one_line():
+    # a first run on a machine with no CuPy (or no GPU): one line naming the install
+    # command, exit status 2, no traceback
+    r = subprocess.run([sys.executable, "-m", "cupyops.bench", "--op", "softmax"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith("cupyops-bench: cupyops needs CuPy") and 'pip install ".[cuda13]"' in lines[0]
+
+
+def test_a_run_on_a_machine_without_a_gpu_stops_before_the_plan_runs(monkeypatch, capsys):
+    from cupyops import _arrays
+
+    def no_gpu():
+        raise RuntimeError("cupyops needs a CUDA GPU; none is visible")
+
+    monkeypatch.setattr(cli, "load_variants", fake_variants)
+    monkeypatch.setattr(_arrays, "cupy_module", no_gpu)
+    monkeypatch.setattr(cli, "run", lambda *a: pytest.fail("ran without a GPU"))
+    assert cli.main(["--op", "rms_norm"]) == 2
+    assert capsys.readouterr().err == "cupyops-bench: cupyops needs a CUDA GPU; none is visible\n"
 
 
 def test_help_works_without_cupy():

@@ -166,5 +166,5 @@ def test_a_16_bit_product_without_cupy_says_what_is_missing(impl):
 
     import cupyops
 
-    with pytest.raises(RuntimeError, match=r"needs CuPy.*cupyops\[cuda12\]"):
+    with pytest.raises(RuntimeError, match=r'needs CuPy.*pip install "\.\[cuda13\]"'):
         cupyops.matmul(np.ones((100, 8), np.float16), np.ones((8, 8), np.float16), impl=impl)

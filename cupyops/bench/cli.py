@@ -201,6 +201,13 @@ def main(argv=None):
     if args.list:
         print(report.format_plan(plan))
         return 0
+    from .._arrays import cupy_module
+
+    try:  # CuPy and a usable GPU, or one line that says what is missing
+        cupy_module()
+    except RuntimeError as exc:
+        print(f"cupyops-bench: {exc}", file=sys.stderr)
+        return 2
     return run(args, plan, settings)
 
 
