@@ -68,3 +68,25 @@ def test_name_expressions_are_unique_and_known_kernels():
         src = _kernels.kernel_source(kf.filename)
         for ne in kf.name_expressions:
             assert f" {ne.split('<')[0]}(" in src.replace("\n", " "), ne
+
+
+def test_readme_api_tour_defines_every_name_before_use():
+    # the tour must run as pasted (the GPU tier runs it: test_gpu_readme.py); here, with no
+    # GPU, at least every name it loads is imported or assigned on an earlier line
+    import ast
+    import builtins
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text().split("## API tour", 1)[1]
+    tree = ast.parse(re.search(r"```python\n(.*?)```", text, re.S).group(1))
+    defined, missing = set(dir(builtins)), []
+    for stmt in tree.body:
+        missing += [(n.id, n.lineno) for n in ast.walk(stmt)
+                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in defined]
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                defined.add(n.id)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                defined.update((a.asname or a.name).split(".")[0] for a in n.names)
+    assert not missing, f"used before they are defined: {missing}"
