@@ -45,7 +45,7 @@
 // Launch geometry: block 384 threads; grid (min(tiles, SMs), 1, 1) with tiles =
 // cdiv(M, 128) * cdiv(N, 256); dynamic shared memory STAGES * 48 KB + 1 KB (ring
 // alignment) + 16 * STAGES (mbarriers).
-#include "sm90.cuh"
+#include "gemm_sm90.cuh"
 
 using namespace cuops;
 using namespace cuops::sm90;
@@ -84,27 +84,11 @@ constexpr int BN = 256;  // columns of a tile: two m64n128k32 halves a consumer
 constexpr int HALF_N = 128;
 constexpr int BK = 128;  // K of a stage: 128 one-byte elements, the 128-byte swizzle's row
 constexpr int KSTEP = 32;  // K of one wgmma
-constexpr int WG = 128;  // threads of a warpgroup
-constexpr int GROUP_M = 8;  // tile rows that walk the tile columns together (L2 reuse of B)
-constexpr unsigned RING_ALIGN = 1024;  // the swizzle atom: stages start 1024-byte aligned
 constexpr unsigned A_BYTES = BM * BK, B_BYTES = BN * BK, STAGE_BYTES = A_BYTES + B_BYTES;
 // 64 rows of 128 bytes: where a consumer's rows, or a half's B rows, start in a stage
 constexpr unsigned PIECE_BYTES = 64 * BK;
 static_assert(PIECE_BYTES == SwizzledTile16<false>::PIECE_BYTES,
               "a K-major 128-byte-swizzled piece is 64 rows of 128 bytes for any element size");
-
-__device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }
-
-// Tile t of a TM x TN grid in grouped order: groups of GROUP_M tile rows, each walked
-// column by column (gemm_wgmma.cu's tile_coords; that file is not shared with this one).
-__device__ __forceinline__ void tile_coords(long long t, int TM, int TN, int& tm, int& tn) {
-    const long long per_group = static_cast<long long>(GROUP_M) * TN;
-    const int first = static_cast<int>(t / per_group) * GROUP_M;
-    const int rows = min(TM - first, GROUP_M);
-    const int r = static_cast<int>(t % per_group);
-    tm = first + r % rows;
-    tn = r / rows;
-}
 
 // One consumer warpgroup's share of a stage: its 64 rows of A against the 256 rows of B.
 // Each 128-column half: 4 k32 wgmmas into `part` (the first overwrites it), waited for,
@@ -191,53 +175,48 @@ __device__ __forceinline__ void store_tile(const float (&acc)[128], OutT* D, int
 }  // namespace gf8
 
 // ----------------------------------------------------------------- 1. scaled_matmul_wgmma_ws
-// Registers: 384 threads at one block an SM start with 168 each; the producer gives back
-// to 40 and the consumers take 232 (acc 128 + part 64 + addressing), as in gemm_wgmma_ws
-// (128 * 40 + 256 * 232 <= 65536).
-constexpr int FP8_PRODUCER_REGS = 40;
-constexpr int FP8_CONSUMER_REGS = 232;
+// Registers: gemm_sm90.cuh's split; a consumer's 232 hold acc 128 + part 64 + addressing.
 
 template <typename OutT, int STAGES>
-__global__ void __launch_bounds__(3 * gf8::WG, 1)
+__global__ void __launch_bounds__(WS_THREADS, 1)
     scaled_matmul_wgmma_ws(OutT* __restrict__ D, int M, int N, int K, i64 ldd, const float* __restrict__ scale_a,
                            int sa_step, float sa0, const float* __restrict__ scale_b, int sb_step, float sb0,
                            const void* __restrict__ bias, int bias_kind, const __grid_constant__ TmaMap mapA,
                            const __grid_constant__ TmaMap mapB) {
     using namespace gf8;
     extern __shared__ unsigned char smem_raw[];
-    const unsigned ring = (smem_u32(smem_raw) + RING_ALIGN - 1) & ~(RING_ALIGN - 1);
+    const unsigned ring = ring_base(smem_raw);
     const Pipeline<STAGES> pipe{ring + STAGES * STAGE_BYTES};
     if (threadIdx.x == 0) pipe.init(2);  // an empty phase: one arrival per consumer warpgroup
     __syncthreads();
 
-    const int TM = cdiv(M, BM), TN = cdiv(N, BN), KT = cdiv(K, BK);
-    const long long tiles = static_cast<long long>(TM) * TN;
+    const TileOrder order{cdiv(M, BM), cdiv(N, BN)};  // (one product: every tile's z is 0)
+    const int KT = cdiv(K, BK);
+    const long long tiles = order.tiles();
     if (warpgroup() == 0) {  // producer
-        setmaxnreg_dec<FP8_PRODUCER_REGS>();
+        setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x == 0) {
             unsigned it = 0;
             for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
-                int tm, tn;
-                tile_coords(t, TM, TN, tm, tn);
+                const TileRef u = order.at(t);
                 for (int kt = 0; kt < KT; ++kt, ++it) {
                     pipe.producer_acquire(it);
                     pipe.producer_expect(it, STAGE_BYTES);
                     const unsigned st = ring + pipe.stage(it) * STAGE_BYTES;
-                    tma_load_3d(st, &mapA, kt * BK, tm * BM, 0, pipe.full(it).addr);
-                    tma_load_3d(st + A_BYTES, &mapB, kt * BK, tn * BN, 0, pipe.full(it).addr);
+                    tma_load_3d(st, &mapA, kt * BK, u.tm * BM, 0, pipe.full(it).addr);
+                    tma_load_3d(st + A_BYTES, &mapB, kt * BK, u.tn * BN, 0, pipe.full(it).addr);
                 }
             }
         }
         __syncwarp();
     } else {  // consumers: warpgroup 1 computes rows 0-63 of the tile, warpgroup 2 rows 64-127
-        setmaxnreg_inc<FP8_CONSUMER_REGS>();
+        setmaxnreg_inc<WS_CONSUMER_REGS>();
         const int a_row = 64 * (warpgroup() - 1);
         const bool leader = threadIdx.x % WG == 0;
         float acc[128], part[64];
         unsigned it = 0;
         for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
-            int tm, tn;
-            tile_coords(t, TM, TN, tm, tn);
+            const TileRef u = order.at(t);
 #pragma unroll
             for (int i = 0; i < 128; ++i) acc[i] = 0.f;
             for (int kt = 0; kt < KT; ++kt, ++it) {
@@ -247,7 +226,7 @@ __global__ void __launch_bounds__(3 * gf8::WG, 1)
                 if (leader) pipe.consumer_release(it);
             }
             store_tile<OutT>(acc, D, M, N, ldd, scale_a, sa_step, sa0, scale_b, sb_step, sb0, bias, bias_kind,
-                             tm * BM + a_row, tn * BN);
+                             u.tm * BM + a_row, u.tn * BN);
         }
     }
 }

@@ -49,31 +49,14 @@
 //       stores (store_by_tma != 0, where beta == 0 and a map fits D; else direct stores).
 //   batch' = min(batch, 65535); gemm_wgmma loops z over the rest of the stack.
 #include "gemm_common.cuh"
-#include "sm90.cuh"
+#include "gemm_sm90.cuh"
 
 using namespace cuops;
 using namespace cuops::sm90;
 
 namespace gwg {
 
-constexpr int BK = 64;   // K of a stage: 128 bytes of a 16-bit type, the swizzle's row
-constexpr int WG = 128;  // threads of a warpgroup
-constexpr int GROUP_M = 8;  // tile rows that walk the tile columns together (L2 reuse of B)
-constexpr unsigned RING_ALIGN = 1024;  // the swizzle atom: stages start 1024-byte aligned
-
-__device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }
-
-// Tile t of a TM x TN grid of tiles, in grouped order: groups of GROUP_M tile rows, each
-// group walked column by column, so the blocks resident at one time share B's columns and
-// A's rows in L2.
-__device__ __forceinline__ void tile_coords(int t, int TM, int TN, int& tm, int& tn) {
-    const int per_group = GROUP_M * TN;
-    const int first = (t / per_group) * GROUP_M;
-    const int rows = min(TM - first, GROUP_M);
-    const int r = t % per_group;
-    tm = first + r % rows;
-    tn = r / rows;
-}
+constexpr int BK = 64;  // K of a stage: 128 bytes of a 16-bit type, the swizzle's row
 
 // One stage of the ring: BM rows of A then BN rows of B, each 64 K wide, in the layout of
 // sm90::SwizzledTile16. MN_A: A is M-major (TA); MN_B: B is N-major (!TB). A warpgroup
@@ -205,27 +188,27 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[BN / 2], const
 
 // ---------------------------------------------------------------------------- 1. gemm_wgmma
 template <typename T, bool TA, bool TB, int STAGES>
-__global__ void __launch_bounds__(gwg::WG, 1)
+__global__ void __launch_bounds__(WG, 1)
     gemm_wgmma(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB) {
     using namespace gwg;
     constexpr int BN = 256;
     typedef Stage<TA, TB, 64, BN> S;
     static_assert(sizeof(T) == 2, "wgmma rungs: float16 and bfloat16");
     extern __shared__ unsigned char smem_raw[];
-    const unsigned ring = (smem_u32(smem_raw) + RING_ALIGN - 1) & ~(RING_ALIGN - 1);
+    const unsigned ring = ring_base(smem_raw);
     const Pipeline<STAGES> pipe{ring + STAGES * S::BYTES};  // (its empty barriers are unused here)
     if (threadIdx.x == 0) pipe.init(1);
     __syncthreads();
 
-    const int TM = cdiv(M, 64), TN = cdiv(N, BN), KT = cdiv(K, BK);
+    const TileOrder order{cdiv(M, 64), cdiv(N, BN)};
+    const int KT = cdiv(K, BK);
     float acc[128];
     unsigned it = 0;  // k-tiles this block has consumed: the ring position of the next one
     for (int z = blockIdx.z; z < batch; z += gridDim.z) {
         const int za = sA ? z : 0, zb = sB ? z : 0;
-        for (int t = blockIdx.x; t < TM * TN; t += gridDim.x) {
-            int tm, tn;
-            tile_coords(t, TM, TN, tm, tn);
-            const int m0 = tm * 64, n0 = tn * BN;
+        for (int t = blockIdx.x; t < order.tiles(); t += gridDim.x) {
+            const TileRef tile = order.at(t);  // (one product's tiles: tile.z is 0)
+            const int m0 = tile.tm * 64, n0 = tile.tn * BN;
             if (threadIdx.x == 0) {
                 for (int kt = 0; kt < min(STAGES, KT); ++kt) {
                     pipe.producer_expect(it + kt, S::BYTES);
@@ -253,14 +236,11 @@ __global__ void __launch_bounds__(gwg::WG, 1)
 }
 
 // ------------------------------------------------------------------------- 2. gemm_wgmma_ws
-// Registers: 384 threads at one block an SM start with 65536 / 384 = 170 (capped at 168);
-// the producer gives back to 40 and the consumers take 232 (128 * 40 + 256 * 232 <= 65536).
-constexpr int WS_PRODUCER_REGS = 40;
-constexpr int WS_CONSUMER_REGS = 232;
+// (registers: gemm_sm90.cuh's producer / consumer split)
 constexpr unsigned STAGING_BYTES = 64 * 128 * 2;  // half a warpgroup's 64 x 256 output tile
 
 template <typename T, bool TA, bool TB, int BN, int STAGES, int CLUSTER>
-__global__ void __launch_bounds__(3 * gwg::WG, 1)
+__global__ void __launch_bounds__(WS_THREADS, 1)
     gemm_wgmma_ws(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB,
                   const __grid_constant__ TmaMap mapD, int store_by_tma) {
     using namespace gwg;
@@ -268,7 +248,7 @@ __global__ void __launch_bounds__(3 * gwg::WG, 1)
     static_assert(sizeof(T) == 2, "wgmma rungs: float16 and bfloat16");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 blocks along M");
     extern __shared__ unsigned char smem_raw[];
-    const unsigned ring = (smem_u32(smem_raw) + RING_ALIGN - 1) & ~(RING_ALIGN - 1);
+    const unsigned ring = ring_base(smem_raw);
     const unsigned staging = ring + STAGES * S::BYTES;  // 16 KB a consumer warpgroup
     const Pipeline<STAGES> pipe{staging + 2 * STAGING_BYTES};
     // An empty phase: one arrival per consumer warpgroup of every block that writes into
@@ -281,23 +261,22 @@ __global__ void __launch_bounds__(3 * gwg::WG, 1)
     // unit's tiles share their B columns. (A tile row past M, when TM is odd, is copied as
     // zeros and not stored: its block still copies its share of B.)
     const int rank = CLUSTER > 1 ? static_cast<int>(cluster_rank()) : 0;
-    const int TM = cdiv(M, 128 * CLUSTER), TN = cdiv(N, BN), KT = cdiv(K, BK);
-    const long long tiles = static_cast<long long>(TM) * TN, total = tiles * batch;
+    const TileOrder order{cdiv(M, 128 * CLUSTER), cdiv(N, BN)};
+    const int KT = cdiv(K, BK);
+    const long long total = order.tiles() * batch;
     const long long first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
     if (warpgroup() == 0) {  // producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x == 0) {
             unsigned it = 0;
             for (long long t = first; t < total; t += step) {
-                const int z = static_cast<int>(t / tiles);
-                int tm, tn;
-                tile_coords(static_cast<int>(t % tiles), TM, TN, tm, tn);
+                const TileRef u = order.at(t);
                 for (int kt = 0; kt < KT; ++kt, ++it) {
                     pipe.producer_acquire(it);
                     pipe.producer_expect(it, S::BYTES);
                     S::template load<CLUSTER>(ring + pipe.stage(it) * S::BYTES, &mapA, &mapB, kt,
-                                              (tm * CLUSTER + rank) * 128, tn * BN, sA ? z : 0, sB ? z : 0,
-                                              pipe.full(it).addr, rank);
+                                              (u.tm * CLUSTER + rank) * 128, u.tn * BN, sA ? u.z : 0,
+                                              sB ? u.z : 0, pipe.full(it).addr, rank);
                 }
             }
         }
@@ -309,9 +288,7 @@ __global__ void __launch_bounds__(3 * gwg::WG, 1)
         float acc[BN / 2];
         unsigned it = 0;
         for (long long t = first; t < total; t += step) {
-            const int z = static_cast<int>(t / tiles);
-            int tm, tn;
-            tile_coords(static_cast<int>(t % tiles), TM, TN, tm, tn);
+            const TileRef u = order.at(t);
             for (int kt = 0; kt < KT; ++kt, ++it) {
                 pipe.consumer_wait(it);
                 wgmma_fence();
@@ -325,12 +302,12 @@ __global__ void __launch_bounds__(3 * gwg::WG, 1)
             wgmma_wait<0>();
             if (leader) pipe.template consumer_release<CLUSTER>(it - 1);
             fence_regs(acc);
-            const int m_row = (tm * CLUSTER + rank) * 128 + a_row;
+            const int m_row = (u.tm * CLUSTER + rank) * 128 + a_row;
             if (store_by_tma)  // (the launcher's choice: beta == 0 and a map of D)
-                store_tile_tma<T, BN>(acc, &mapD, staging + (warpgroup() - 1) * STAGING_BYTES, alpha, m_row, tn * BN,
-                                  sD ? z : 0, warpgroup(), leader);
+                store_tile_tma<T, BN>(acc, &mapD, staging + (warpgroup() - 1) * STAGING_BYTES, alpha, m_row,
+                                      u.tn * BN, sD ? u.z : 0, warpgroup(), leader);
             else
-                store_tile<T, BN>(acc, C + z * sC, D + z * sD, M, N, ldc, ldd, alpha, beta, m_row, tn * BN);
+                store_tile<T, BN>(acc, C + u.z * sC, D + u.z * sD, M, N, ldc, ldd, alpha, beta, m_row, u.tn * BN);
         }
         if (leader) bulk_wait<0>();  // the tensor stores are done before the block ends
     }
