@@ -111,6 +111,8 @@ class KernelFile:
         # with NVRTC 13, -arch=sm_90a defines __CUDA_ARCH_FEAT_SM90_ALL).
         self.options = NVRTC_OPTIONS + self.extra_options + ((f"-arch={arch}",) if arch else ())
         self.archs = (arch,) if arch else PORTABLE_ARCHS  # what the CPU tier compiles
+        # the one compute capability an arch-specific cubin runs on ("sm_90a" -> 90)
+        self._cc = int("".join(ch for ch in arch if ch.isdigit())) if arch else None
         self._modules = {}
         self._functions = {}
         # Held while this file compiles: a launch (or another warm-up thread) that needs the
@@ -162,9 +164,7 @@ class KernelFile:
     def runs_on(self, cc):
         """Can a GPU of compute capability ``cc`` (90 for sm_90) run this file's kernels?
         An sm_90a cubin runs on sm_90 alone."""
-        if self.arch is None:
-            return True
-        return cc == int("".join(ch for ch in self.arch if ch.isdigit()))
+        return self._cc is None or cc == self._cc
 
     def compile(self):
         """Compile (or load from CuPy's disk cache) this file for the current device.

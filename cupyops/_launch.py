@@ -5,6 +5,7 @@ tier tests them without a GPU.
 """
 import ctypes
 import dataclasses
+import functools
 import threading
 
 import numpy as np
@@ -203,7 +204,9 @@ def _cluster_attribute(cluster):
     return attr
 
 
+@functools.lru_cache(maxsize=None)
 def _libcuda():
+    """The driver library (loaded once: a cluster launch looks up cuLaunchKernelEx in it)."""
     return ctypes.CDLL("libcuda.so.1")
 
 

@@ -16,6 +16,16 @@ import functools
 
 
 MAP_BYTES = 128
+# The 128-byte swizzle repeats every 1024 bytes of shared memory: a ring of swizzled stages
+# starts at such a boundary, and its kernel asks for this much more shared memory to find one.
+SWIZZLE_ATOM_BYTES = 1024
+ALIGN = 16  # bytes: a tensor map's start address and every one of its strides
+
+
+def describable(address, *strides):
+    """Can a tensor map describe an array at device ``address`` whose outer dimensions
+    step ``strides`` bytes? (A 16-byte aligned start, strides nonzero multiples of 16.)"""
+    return address % ALIGN == 0 and all(s > 0 and s % ALIGN == 0 for s in strides)
 
 # CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
 # CUtensorMapFloatOOBfill (cuda.h): the values used here.

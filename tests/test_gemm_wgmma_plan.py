@@ -168,3 +168,14 @@ def test_a_16_bit_product_without_cupy_says_what_is_missing(impl):
 
     with pytest.raises(RuntimeError, match=r'needs CuPy.*pip install "\.\[cuda13\]"'):
         cupyops.matmul(np.ones((100, 8), np.float16), np.ones((8, 8), np.float16), impl=impl)
+
+
+def test_auto_picks_wgmma_ws_on_hopper_except_where_mma_splits_k():
+    from cupyops.ops import gemm as G
+
+    assert G.auto_impl("bfloat16", 4096, 4096, 4096, hopper_sms=H100_SMS) == "wgmma_ws"
+    assert G.auto_impl("bfloat16", 4096, 4096, 4096) == "mma"  # not a GPU that runs sm_90a
+    assert G.auto_impl("float16", 128, 256, 4096, hopper_sms=H100_SMS) == "mma"  # mma splits K
+    assert G.auto_impl("float16", 128, 256, 4096, hopper_sms=H100_SMS, single=False) == "wgmma_ws"
+    assert G.auto_impl("float16", 16, 4096, 4096, hopper_sms=H100_SMS) == "mma"  # decode
+    assert G.auto_impl("float32", 4096, 4096, 4096, hopper_sms=H100_SMS) == "pipelined"

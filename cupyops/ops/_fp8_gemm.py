@@ -35,15 +35,14 @@ BN = 256  # columns of a tile
 BK = 128  # K of a stage: 128 one-byte elements, the 128-byte swizzle's row
 STAGES = 4
 THREADS = 384  # a producer and two consumer warpgroups
-RING_ALIGN = 1024  # the 128-byte swizzle repeats every 1024 bytes: stages start aligned
-ALIGN = 16  # bytes: a tensor map's start and row stride
+ALIGN = _tma.ALIGN  # bytes: a tensor map's start and row stride
 BIAS_NONE, BIAS_F32, BIAS_OUT = 0, 1, 2  # the kernel's bias_kind
 
 
 def smem():
     """Dynamic shared memory: the ring of (BM + BN) x BK bytes a stage, its 1024-byte
     alignment, and two 8-byte mbarriers a stage."""
-    return STAGES * (BM + BN) * BK + RING_ALIGN + 16 * STAGES
+    return STAGES * (BM + BN) * BK + _tma.SWIZZLE_ATOM_BYTES + 16 * STAGES
 
 
 def _name(out_dtype):

@@ -74,7 +74,6 @@ CONFIGS = {"wmma": (), "mma": tuple(_MMA)}
 
 TMA_TYPES = ("float16", "bfloat16")
 TMA_LAYOUT = ("false", "true")  # (TA, TB): both operands K-contiguous
-TMA_ALIGN = 1024  # the 128-byte swizzle repeats every 1024 bytes of shared memory
 TMA_BOX_K = 64  # elements of K a box holds: 128 bytes of a 16-bit type
 # Run gemm_mma_tma where it applies (sm_90+, the layout above, aligned 16-bit operands).
 # False: always the cp.async feed (for comparing the two; the GPU tests run both).
@@ -104,7 +103,7 @@ def mma_smem(cfg, dtype, tma=False):
     gemm_mma_tma adds an 8-byte mbarrier a stage and 1 KB to align the ring to 1024 bytes."""
     bm, bn, _, _, stages, _ = mma_params(cfg, dtype)
     base = max(stages * (bm + bn) * STAGE_K_BYTES, bm * (bn + 8) * 4)
-    return base + 8 * stages + TMA_ALIGN if tma else base
+    return base + 8 * stages + _tma.SWIZZLE_ATOM_BYTES if tma else base
 
 
 def pick_config(p, sm_count):

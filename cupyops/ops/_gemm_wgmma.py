@@ -69,7 +69,6 @@ ARCH = "sm_90a"
 BK = 64  # K of a stage: 128 bytes of a 16-bit type (the swizzle's row)
 THREADS = {"wgmma": 128, "wgmma_ws": 384}
 STAGING = {"wgmma": 0, "wgmma_ws": 2 * 64 * 128 * 2}  # the epilogue's: 16 KB a consumer warpgroup
-RING_ALIGN = 1024  # the 128-byte swizzle repeats every 1024 bytes: stages start aligned
 PIECE = 64  # rows of an M/N-contiguous operand's box (64 x 64 elements, 8 KB)
 _MAX_GRID_X = 2**31 - 1
 
@@ -82,7 +81,7 @@ def tile_of(impl, config):
 def smem(impl, tile):
     """Dynamic shared memory: the ring of (BM + BN) x 64 16-bit elements a stage, the
     epilogue's staging (wgmma_ws), the 1024-byte alignment, two 8-byte mbarriers a stage."""
-    return tile.stages * (tile.bm + tile.bn) * BK * 2 + STAGING[impl] + RING_ALIGN + 16 * tile.stages
+    return tile.stages * (tile.bm + tile.bn) * BK * 2 + STAGING[impl] + _tma.SWIZZLE_ATOM_BYTES + 16 * tile.stages
 
 
 def _name(impl, dtype, ta, tb, tile):
@@ -162,8 +161,7 @@ def tensor_maps(p, tile):
         return None
     maps = []
     for arr, (dims, strides, box) in zip((p.A, p.B), specs):
-        row, batch = strides
-        if arr.data.ptr % 16 or row <= 0 or row % 16 or batch % 16:
+        if not _tma.describable(arr.data.ptr, *strides):
             return None
         m = _tma.encode_tiled(arr.data.ptr, dims, strides, box)
         if m is None:
@@ -184,7 +182,7 @@ def output_map(p):
         return NO_MAP, 0
     entries = p.batch if p.sD else 1
     strides = (2 * p.ldd, 2 * (p.sD if p.sD else p.ldd * p.M))
-    if p.D.data.ptr % 16 or strides[0] <= 0 or strides[0] % 16 or strides[1] % 16:
+    if not _tma.describable(p.D.data.ptr, *strides):
         return NO_MAP, 0
     m = _tma.encode_tiled(p.D.data.ptr, (p.N, p.M, entries), strides, (PIECE, PIECE, 1))
     return (NO_MAP, 0) if m is None else (m, 1)
@@ -193,6 +191,13 @@ def output_map(p):
 def runs_here(props):
     """Does this GPU run the wgmma rungs (sm_90 with the driver's tensor-map encoder)?"""
     return KERNELS.runs_on(props.cc) and _tma.available()
+
+
+def require_gpu(impl, props):
+    """Raise the error of naming rung ``impl`` on a GPU that does not run it."""
+    if not runs_here(props):
+        raise ValueError(f"impl: {impl!r} needs a compute-capability 9.0 GPU (H100, H200) and a driver with "
+                         f"tensor maps; this is {props.name} (sm_{props.cc})")
 
 
 _PLANS = {}  # memoized (Tile, Launch) per (impl, GemmProblem.shape_key, config, device)
@@ -218,11 +223,9 @@ def launch(impl, p, config=None):
     check_rung("gemm_wgmma", impl, p.dtype, config, VARIANTS, DTYPES, CONFIGS)
     if p.M == 0 or p.N == 0 or p.batch == 0:
         return  # nothing to write
-    props = _launch.device_props()
-    if not runs_here(props):
-        raise ValueError(f"impl: {impl!r} needs a compute-capability 9.0 GPU (H100, H200) and a driver with "
-                         f"tensor maps; this is {props.name} (sm_{props.cc})")
     device = _launch.current_device()
+    props = _launch.device_props(device)
+    require_gpu(impl, props)
 
     def build():
         cfg, pl = plan(impl, p, config, props.sm_count)

@@ -45,14 +45,14 @@ def dtypes_of(impl):
     return tuple(d for d in GEMM_TYPES if d in _LAUNCHERS[impl].DTYPES[impl])
 
 
-def auto_impl(dtype, M, N, K, hopper=False):
+def auto_impl(dtype, M, N, K, hopper_sms=0, single=True):
     """The rung ``impl="auto"`` runs: for decode-like M (the product is a stream over B)
     float16 / bfloat16 run ``mma``, which splits K when its tiles are few
     (_gemm_mma.split_plan), float32 and int8 the skinny split-K kernel; otherwise the top
-    rung of the dtype: for float16 / bfloat16 on a GPU that runs the sm_90a rungs
-    (``hopper``: the caller also leaves it False where ``mma`` would split K, as for decode
-    shapes; wgmma_ws has no split-K, and those mid-sized M are not measured yet)
-    ``wgmma_ws``, elsewhere ``mma``. Measured on an H100 (benchmarks/gemm_sweep.py --only
+    rung of the dtype: for float16 / bfloat16 on a GPU of ``hopper_sms`` SMs that runs the
+    sm_90a rungs (0: the GPU does not) ``wgmma_ws``, except where ``mma`` would split K
+    (a ``single`` product with few tiles: wgmma_ws has no split-K, and those mid-sized M
+    are not measured yet); elsewhere ``mma``. Measured on an H100 (benchmarks/gemm_sweep.py --only
     skinny,mma_decode; results/h100-gemm-sweep-decode*.txt), fp16/bf16 against cuBLAS:
     1x4096x4096 mma 0.81-0.86x, skinny 0.78-0.79x; 16x4096x4096 0.81-0.91x against
     0.66-0.68x; 1x11008x4096 0.96-0.97x against 0.86-0.87x; 64x4096x4096 0.73-0.75x
@@ -61,14 +61,18 @@ def auto_impl(dtype, M, N, K, hopper=False):
         return "mma" if dtype in ("float16", "bfloat16") else "skinny"
     if dtype == "float32":
         return "pipelined"
-    return "wgmma_ws" if hopper and dtype in _gemm_wgmma.DTYPES["wgmma_ws"] else "mma"
+    if (hopper_sms and dtype in _gemm_wgmma.DTYPES["wgmma_ws"]
+            and not (single and _gemm_mma.splits_k(dtype, M, N, K, 1, hopper_sms))):
+        return "wgmma_ws"
+    return "mma"
 
 
-def _runs_wgmma():
-    """Does the current GPU run the sm_90a rungs? (Without CuPy or a GPU: CuPy's error,
-    which says what is missing.)"""
+def _wgmma_props():
+    """The current GPU's properties where it runs the sm_90a rungs, else None. (Without
+    CuPy or a GPU: CuPy's error, which says what is missing.)"""
     _arrays.cupy_module()
-    return _gemm_wgmma.runs_here(_launch.device_props())
+    props = _launch.device_props()
+    return props if _gemm_wgmma.runs_here(props) else None
 
 
 # ------------------------------------------------------------------------- public API
@@ -175,17 +179,16 @@ def _gemm(a, b, c, alpha, beta, ta, tb, out, impl, squeeze, op):
         raise ValueError("beta: a nonzero beta needs c")
     _arrays.check_impl(impl, LADDER, op)
     if impl == "auto":
-        hopper = (dt in ("float16", "bfloat16") and M > _gemm_skinny.MAX_M and _runs_wgmma()
-                  and not (not batch and _gemm_mma.splits_k(dt, M, N, K, 1, _launch.device_props().sm_count)))
-        impl = auto_impl(dt, M, N, K, hopper)
+        # (the GPU is asked only where its answer can change the rung)
+        hopper = _wgmma_props() if dt in _gemm_wgmma.DTYPES["wgmma_ws"] and M > _gemm_skinny.MAX_M else None
+        impl = auto_impl(dt, M, N, K, hopper.sm_count if hopper else 0, single=not batch)
     elif dt not in dtypes_of(impl):
         raise TypeError(f"impl: {impl!r} supports {', '.join(dtypes_of(impl))}, not {dt}")
     if impl == "skinny" and M > _gemm_skinny.MAX_M:
         raise ValueError(f"impl: 'skinny' is for M <= {_gemm_skinny.MAX_M} rows, got M={M}")
-    if impl in _gemm_wgmma.VARIANTS and not _runs_wgmma():
-        props = _launch.device_props()
-        raise ValueError(f"impl: {impl!r} needs a compute-capability 9.0 GPU (H100, H200) and a driver "
-                         f"with tensor maps; this is {props.name} (sm_{props.cc})")
+    if impl in _gemm_wgmma.VARIANTS:  # (before anything is allocated or copied)
+        _arrays.cupy_module()
+        _gemm_wgmma.require_gpu(impl, _launch.device_props())
     # out: exact shape and dtype, C-contiguous, not overlapping a or b; it may be c itself
     # (the kernels read each element of C before writing the same element of D) but not
     # partially overlap it.
