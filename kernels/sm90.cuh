@@ -10,7 +10,8 @@
 //   clusters           the block's rank, an arrival on another block's barrier
 //   wgmma              shared-memory matrix descriptors of 128-byte-swizzled tiles (both
 //                      operand majors), fence / commit_group / wait_group, m64nNk16 (N = 128,
-//                      192, 256) for f16 and bf16 with the transpose immediates, fence_regs
+//                      192, 256) for f16 and bf16 with the transpose immediates, m64n128k32
+//                      for e4m3, fence_regs
 //   setmaxnreg         register reallocation between warpgroups
 //   named barriers     bar.sync on a subset of the block's warps
 //
@@ -195,18 +196,20 @@ template <int R> __device__ __forceinline__ void fence_regs(float (&d)[R]) {
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// d[N / 2] (+)= A(desc) * B(desc), 64 x N x 16; TYPE is f16 or bf16; after the N / 2
-// accumulators come the two descriptors, the accumulate flag (0: d = A * B) and the
-// transpose immediates of A and B. (Generated: one macro per N the rungs use.)
-#define CUOPS_WGMMA_M64N128K16(TYPE)                                                        \
+// d[N / 2] (+)= A(desc) * B(desc), a 64 x N step. KIND is the rest of the instruction's
+// name ("k16.f32.bf16.bf16", "k32.f32.e4m3.e4m3"); after the N / 2 accumulators come the
+// two descriptors (%N/2, %N/2+1), the accumulate flag, and the transpose immediates of A and
+// B, which IMMEDIATES names (", %N/2+3, %N/2+4") for 16-bit types and leaves out ("") for
+// 8-bit ones, which have none. (Generated: one macro per N the rungs use.)
+#define CUOPS_WGMMA_M64N128(KIND, IMMEDIATES)                                                \
     asm volatile(                                                                            \
         "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %66, 0;\n\t"                            \
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                     \
+        "wgmma.mma_async.sync.aligned.m64n128" KIND " "                                       \
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
         "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, " \
         "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, " \
         "%52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
-        "%64, %65, p, 1, 1, %67, %68;\n}\n"                                              \
+        "%64, %65, p, 1, 1" IMMEDIATES ";\n}\n"                                          \
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),\
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),\
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),\
@@ -217,17 +220,17 @@ template <int R> __device__ __forceinline__ void fence_regs(float (&d)[R]) {
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
         : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0))
 
-#define CUOPS_WGMMA_M64N192K16(TYPE)                                                        \
+#define CUOPS_WGMMA_M64N192(KIND, IMMEDIATES)                                                \
     asm volatile(                                                                            \
         "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %98, 0;\n\t"                            \
-        "wgmma.mma_async.sync.aligned.m64n192k16.f32." TYPE "." TYPE " "                     \
+        "wgmma.mma_async.sync.aligned.m64n192" KIND " "                                       \
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
         "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, " \
         "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, " \
         "%52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, " \
         "%69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, " \
         "%86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, " \
-        "%96, %97, p, 1, 1, %99, %100;\n}\n"                                              \
+        "%96, %97, p, 1, 1" IMMEDIATES ";\n}\n"                                          \
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),\
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),\
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),\
@@ -242,10 +245,10 @@ template <int R> __device__ __forceinline__ void fence_regs(float (&d)[R]) {
           "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]) \
         : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0))
 
-#define CUOPS_WGMMA_M64N256K16(TYPE)                                                        \
+#define CUOPS_WGMMA_M64N256(KIND, IMMEDIATES)                                                \
     asm volatile(                                                                            \
         "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %130, 0;\n\t"                            \
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " "                     \
+        "wgmma.mma_async.sync.aligned.m64n256" KIND " "                                       \
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
         "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, " \
         "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, " \
@@ -254,7 +257,7 @@ template <int R> __device__ __forceinline__ void fence_regs(float (&d)[R]) {
         "%86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, " \
         "%102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, " \
         "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, " \
-        "%128, %129, p, 1, 1, %131, %132;\n}\n"                                              \
+        "%128, %129, p, 1, 1" IMMEDIATES ";\n}\n"                                          \
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),\
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),\
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),\
@@ -282,19 +285,27 @@ __device__ __forceinline__ void wgmma_m64nNk16(float (&d)[N / 2], u64 da, u64 db
     static_assert(N == 128 || N == 192 || N == 256, "wgmma_m64nNk16: N of 128, 192 or 256");
     constexpr bool F16 = IsF16<T>::value;
     if constexpr (N == 128) {
-        if constexpr (F16) CUOPS_WGMMA_M64N128K16("f16");
-        else CUOPS_WGMMA_M64N128K16("bf16");
+        if constexpr (F16) CUOPS_WGMMA_M64N128("k16.f32.f16.f16", ", %67, %68");
+        else CUOPS_WGMMA_M64N128("k16.f32.bf16.bf16", ", %67, %68");
     } else if constexpr (N == 192) {
-        if constexpr (F16) CUOPS_WGMMA_M64N192K16("f16");
-        else CUOPS_WGMMA_M64N192K16("bf16");
+        if constexpr (F16) CUOPS_WGMMA_M64N192("k16.f32.f16.f16", ", %99, %100");
+        else CUOPS_WGMMA_M64N192("k16.f32.bf16.bf16", ", %99, %100");
     } else {
-        if constexpr (F16) CUOPS_WGMMA_M64N256K16("f16");
-        else CUOPS_WGMMA_M64N256K16("bf16");
+        if constexpr (F16) CUOPS_WGMMA_M64N256("k16.f32.f16.f16", ", %131, %132");
+        else CUOPS_WGMMA_M64N256("k16.f32.bf16.bf16", ", %131, %132");
     }
 }
-#undef CUOPS_WGMMA_M64N128K16
-#undef CUOPS_WGMMA_M64N192K16
-#undef CUOPS_WGMMA_M64N256K16
+
+// d (+)= A * B for a 64 x 128 x 32 step with e4m3 A and B, both K-major (8-bit wgmma has no
+// transpose); the accumulators are laid out as the 16-bit m64n128k16's. accumulate false:
+// d = A * B.
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], u64 da, u64 db, bool accumulate) {
+    constexpr bool TRANS_A = false, TRANS_B = false;  // (operands the macro passes, unused here)
+    CUOPS_WGMMA_M64N128("k32.f32.e4m3.e4m3", "");
+}
+#undef CUOPS_WGMMA_M64N128
+#undef CUOPS_WGMMA_M64N192
+#undef CUOPS_WGMMA_M64N256
 
 // ------------------------------------------------------------------ registers, barriers
 // Register reallocation between warpgroups: every thread of the warpgroup executes it, and
