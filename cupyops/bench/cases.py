@@ -394,67 +394,62 @@ def parse_attention_shape(text):
     return AttnShape(**dims)
 
 
-def parse_masks(values):
-    """--causal: attention masks, e.g. 'none,causal' -> ('none', 'causal')."""
+def _parse_each(values, convert):
+    """The items of a repeatable or comma-list option, each through ``convert`` (which raises
+    ValueError naming the option for a bad one), duplicates dropped, order kept; None when
+    the option was not given."""
     items = split_list(values)
     if not items:
         return None
-    masks = []
+    out = []
     for item in items:
-        mask = _MASK_ALIASES.get(item.lower())
-        if mask is None:
-            raise ValueError(f"--causal: unknown mask {item!r}; expected none, causal "
-                             f"(top_left, PyTorch's is_causal) or causal_br (bottom_right, "
-                             f"the KV-cache alignment)")
-        if mask not in masks:
-            masks.append(mask)
-    return tuple(masks)
+        value = convert(item)
+        if value not in out:
+            out.append(value)
+    return tuple(out)
+
+
+def _mask(item):
+    mask = _MASK_ALIASES.get(item.lower())
+    if mask is None:
+        raise ValueError(f"--causal: unknown mask {item!r}; expected none, causal "
+                         f"(top_left, PyTorch's is_causal) or causal_br (bottom_right, "
+                         f"the KV-cache alignment)")
+    return mask
+
+
+def _layout(item):
+    if item.lower() not in LAYOUTS:
+        raise ValueError(f"--layout: unknown layout {item!r}; expected {LAYOUT_HELP}")
+    return item.lower()
+
+
+def _axis(item):
+    key = item.lower()
+    if key in ("-1", "last"):
+        return -1
+    if key in ("none", "all"):
+        return None
+    raise ValueError(f"--axis: unknown axis {item!r}; expected -1 (last) or none (all)")
+
+
+def parse_masks(values):
+    """--causal: attention masks, e.g. 'none,causal' -> ('none', 'causal')."""
+    return _parse_each(values, _mask)
 
 
 def parse_layouts(values):
     """--layout: matmul operand layouts, e.g. 'nn,NT' -> ('nn', 'nt')."""
-    items = split_list(values)
-    if not items:
-        return None
-    layouts = []
-    for item in items:
-        layout = item.lower()
-        if layout not in LAYOUTS:
-            raise ValueError(f"--layout: unknown layout {item!r}; expected {LAYOUT_HELP}")
-        if layout not in layouts:
-            layouts.append(layout)
-    return tuple(layouts)
+    return _parse_each(values, _layout)
 
 
 def parse_shapes(values):
-    items = split_list(values)
-    if not items:
-        return None
-    shapes = []
-    for item in items:
-        s = parse_shape(item)
-        if s not in shapes:
-            shapes.append(s)
-    return tuple(shapes)
+    return _parse_each(values, parse_shape)
 
 
 def parse_axes(values):
     """'-1' / 'last' -> -1, 'none' / 'all' -> None (the whole array)."""
-    items = split_list(values)
-    if not items:
-        return None
-    axes = []
-    for item in items:
-        key = item.lower()
-        if key in ("-1", "last"):
-            axis = -1
-        elif key in ("none", "all"):
-            axis = None
-        else:
-            raise ValueError(f"--axis: unknown axis {item!r}; expected -1 (last) or none (all)")
-        if axis not in axes:
-            axes.append(axis)
-    return tuple(axes)
+    return _parse_each(values, _axis)
 
 
 # ----------------------------------------------------------------------------------
