@@ -31,10 +31,10 @@ matmul: shapes are MxNxK; the layout is part of the case, shown after the shape
   ("4096x4096x4096 nt") and as "layout" in the JSON. nn: a @ b with b stored K x N
   (row-major); nt: x @ w.T with w stored N x K, as an LLM's linear layer keeps its weight,
   w.T a view (no copy). cupyops, cupy.matmul (cuBLAS) and torch.matmul (int8:
-  torch._int_mm) get the same operands in the same layout. The full suite runs the GEMM
-  issue's set in nn (1x4096x4096, 16x4096x4096, 1x11008x4096, 4096x4096x11008, 4096^3,
-  8192^3; float32, float16, bfloat16, int8) and, in float16+bfloat16 only, the Hopper
-  GEMM set: 2048^3, 4096^3, 8192^3 in nn and nt, and Llama-3-8B prefill in nt at 4096 and
+  torch._int_mm) get the same operands in the same layout. The full suite runs, in nn,
+  1x4096x4096, 16x4096x4096, 1x11008x4096, 4096x4096x11008, 4096^3 and 8192^3 (float32,
+  float16, bfloat16, int8) and, in float16+bfloat16 only,
+  2048^3, 4096^3, 8192^3 in nn and nt, and Llama-3-8B prefill in nt at 4096 and
   512 tokens (MxNxK = Mx6144x4096 qkv, Mx4096x4096 o, Mx28672x4096 gate+up,
   Mx4096x14336 down). --layout keeps a suite's cases of those layouts.
 attention: shapes name their dimensions, B batch, Hq/Hkv query/key-value heads (H sets
