@@ -24,7 +24,7 @@ def main():
     for impl in W.VARIANTS:
         for cfg in W.CONFIGS[impl] or (None,):
             for M, N, K in ((72, 264, 136),):
-                for ta, tb in G._gemm_problem.LAYOUTS:
+                for ta, tb in W.LAYOUTS:
                     ta, tb = ta == "true", tb == "true"
                     for batch, beta in (((), 0.0), ((2,), 0.5)):
                         a = rng.standard_normal(batch + ((K, M) if ta else (M, K))).astype(np.float32)
