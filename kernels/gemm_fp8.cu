@@ -8,30 +8,33 @@
 // instead of alpha / beta / C. The pipeline itself is gemm_wgmma_ws's (gemm_wgmma.cu).
 //
 // Kernels:
-//   1. scaled_matmul_wgmma_ws   warp-specialised and persistent, as gemm_wgmma_ws: a
+//   1. scaled_matmul_wgmma_ws<OutT, BN, STAGES>
+//                               warp-specialised and persistent, as gemm_wgmma_ws: a
 //                               producer warpgroup (one thread issuing tensor copies,
 //                               registers given back with setmaxnreg) and two consumer
-//                               warpgroups (64 rows each of a 128 x 256 tile) around a
-//                               full/empty mbarrier ring of 4 stages of 48 KB; one block an
-//                               SM walks the tiles in grouped order. A consumer's 256
-//                               columns are two m64n128k32 halves: each half runs the 4
-//                               wgmmas of a stage (128 K) into a 64-register partial, waits
-//                               for them and adds the partial into float32 accumulators.
+//                               warpgroups (64 rows each of a 128 x BN tile) around a
+//                               full/empty mbarrier ring of STAGES stages of (128 + BN) x
+//                               128 bytes; one block an SM walks the tiles in grouped
+//                               order. Each stage (128 K), a consumer runs the 4 wgmmas of
+//                               a part of its columns into a partial, waits for them and
+//                               adds the partial into float32 accumulators: one part of
+//                               BN columns for BN = 128 or 192, two m64n128k32 halves for
+//                               BN = 256 (a whole m64n256 partial would need 128 + 128
+//                               registers a thread).
 //                               Why the promotion: the fp8 tensor cores keep only ~14 bits
 //                               of their running sum (DeepSeek-V3 report, section 3.3.2:
 //                               a relative error of up to ~2 % at K = 4096) when the whole
 //                               K stays in the tensor core (what torch._scaled_mm
 //                               calls use_fast_accum=True; its default is off); restarting
 //                               the partial every 128 K bounds that to one stage's 4 steps.
-//                               A whole m64n256 partial would need 128 + 128 registers a
-//                               thread; the halves need 128 + 64. The cost: each half is
-//                               waited for (wait_group 0) before the next is issued; the
-//                               other consumer's wgmmas keep the tensor cores busy
-//                               meanwhile.
+//                               The cost: each part is waited for (wait_group 0) before
+//                               the next is issued; the other consumer's wgmmas keep the
+//                               tensor cores busy meanwhile, best when one part is a
+//                               whole stage (BN <= 192).
 //
 // Operands: two 3-D tensor maps (cupyops/ops/_fp8_gemm.py; K innermost, then rows, then a
 // batch of 1), 1-byte elements (CU_TENSOR_MAP_DATA_TYPE_UINT8), 128-byte swizzle, boxes of
-// 128 K x 128 rows (A) and 128 K x 256 rows (B). Edges (M, N, K not multiples of the tile)
+// 128 K x 128 rows (A) and 128 K x BN rows (B). Edges (M, N, K not multiples of the tile)
 // are zeros the copy engine fills in; the epilogue masks the rows and columns it writes.
 // The launcher needs 16-byte aligned operands whose row strides are multiples of 16 bytes
 // (so K % 16 == 0 for contiguous ones) and K > 0 (K == 0 never launches).
@@ -43,7 +46,7 @@
 // 1 float32, 2 the output type.
 //
 // Launch geometry: block 384 threads; grid (min(tiles, SMs), 1, 1) with tiles =
-// cdiv(M, 128) * cdiv(N, 256); dynamic shared memory STAGES * 48 KB + 1 KB (ring
+// cdiv(M, 128) * cdiv(N, BN); dynamic shared memory STAGES * (128 + BN) * 128 + 1 KB (ring
 // alignment) + 16 * STAGES (mbarriers).
 #include "gemm_sm90.cuh"
 
@@ -53,35 +56,47 @@ using namespace cuops::sm90;
 namespace gf8 {
 
 constexpr int BM = 128;  // rows of a tile: 64 a consumer warpgroup
-constexpr int BN = 256;  // columns of a tile: two m64n128k32 halves a consumer
-constexpr int HALF_N = 128;
 constexpr int BK = 128;  // K of a stage: 128 one-byte elements, the 128-byte swizzle's row
 constexpr int KSTEP = 32;  // K of one wgmma
-constexpr unsigned A_BYTES = BM * BK, B_BYTES = BN * BK, STAGE_BYTES = A_BYTES + B_BYTES;
-// 64 rows of 128 bytes: where a consumer's rows, or a half's B rows, start in a stage
+constexpr unsigned A_BYTES = BM * BK;
+// 64 rows of 128 bytes: where a consumer's rows, or a part's B rows, start in a stage
 constexpr unsigned PIECE_BYTES = 64 * BK;
 static_assert(PIECE_BYTES == SwizzledTile16<false>::PIECE_BYTES,
               "a K-major 128-byte-swizzled piece is 64 rows of 128 bytes for any element size");
 
-// One consumer warpgroup's share of a stage: its 64 rows of A against the 256 rows of B.
-// Each 128-column half: 4 k32 wgmmas into `part` (the first overwrites it), waited for,
-// then added into acc[64 h, 64 h + 64), which is the m64n256 accumulator layout. The K-major
+// A 128 x BN tile. A consumer's BN columns are computed as PARTS parts of PART_N columns,
+// each into a partial of PART_N / 2 registers a thread: one part where the partial fits
+// beside the BN / 2 accumulators (BN <= 192: 96 + 96 registers), two halves at BN = 256
+// (128 + 64: a whole partial would need 256).
+template <int BN> struct Tile {
+    static_assert(BN == 128 || BN == 192 || BN == 256, "fp8 tiles: 128 x 128, 192 or 256");
+    static constexpr int PART_N = BN == 256 ? 128 : BN, PARTS = BN / PART_N;
+    static constexpr unsigned B_BYTES = BN * BK, STAGE_BYTES = A_BYTES + B_BYTES;
+};
+
+// One consumer warpgroup's share of a stage: its 64 rows of A against the BN rows of B.
+// Each part: 4 k32 wgmmas into `part` (the first overwrites it), waited for, then added
+// into acc[PART_N / 2 * h, ...), which is the m64nBN accumulator layout. The K-major
 // descriptor of an 8-bit tile is the 16-bit one: a k32 step is 32 bytes, as a k16 step of
 // 16-bit elements is.
-__device__ __forceinline__ void mma_stage(float (&acc)[128], float (&part)[64], unsigned st, int a_row) {
+template <int BN>
+__device__ __forceinline__ void mma_stage(float (&acc)[BN / 2], float (&part)[Tile<BN>::PART_N / 2], unsigned st,
+                                          int a_row) {
+    constexpr int PART_N = Tile<BN>::PART_N;
     const unsigned a = st + (a_row / 64) * PIECE_BYTES;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const unsigned b = st + A_BYTES + h * HALF_N * BK;
+    for (int h = 0; h < Tile<BN>::PARTS; ++h) {
+        const unsigned b = st + A_BYTES + h * PART_N * BK;
         wgmma_fence();  // part was read by the previous promotion
 #pragma unroll
         for (int k = 0; k < BK / KSTEP; ++k)
-            wgmma_m64n128k32_e4m3(part, SwizzledTile16<false>::desc(a, k), SwizzledTile16<false>::desc(b, k), k > 0);
+            wgmma_m64nNk32_e4m3<PART_N>(part, SwizzledTile16<false>::desc(a, k), SwizzledTile16<false>::desc(b, k),
+                                        k > 0);
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(part);
 #pragma unroll
-        for (int i = 0; i < 64; ++i) acc[64 * h + i] += part[i];
+        for (int i = 0; i < PART_N / 2; ++i) acc[PART_N / 2 * h + i] += part[i];
     }
 }
 
@@ -96,11 +111,11 @@ template <typename OutT> __device__ __forceinline__ void store_pair(OutT* p, flo
     else *reinterpret_cast<unsigned*>(p) = pack2<OutT>(x0, x1);
 }
 
-// The epilogue of one consumer warpgroup: its 64 x 256 accumulators (rows from m_row,
+// The epilogue of one consumer warpgroup: its 64 x BN accumulators (rows from m_row,
 // columns from n0) scaled, biased, rounded and stored, masked to M x N. A column's scale
 // and bias are loaded once for the thread's two rows.
-template <typename OutT>
-__device__ __forceinline__ void store_tile(const float (&acc)[128], OutT* D, int M, int N, i64 ldd,
+template <typename OutT, int BN>
+__device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], OutT* D, int M, int N, i64 ldd,
                                            const float* scale_a, int sa_step, float sa0, const float* scale_b,
                                            int sb_step, float sb0, const void* bias, int bias_kind, int m_row,
                                            int n0) {
@@ -148,18 +163,20 @@ __device__ __forceinline__ void store_tile(const float (&acc)[128], OutT* D, int
 }  // namespace gf8
 
 // ----------------------------------------------------------------- 1. scaled_matmul_wgmma_ws
-// Registers: gemm_sm90.cuh's split; a consumer's 232 hold acc 128 + part 64 + addressing.
+// Registers: gemm_sm90.cuh's split; a consumer's 232 hold acc BN / 2 + the partial (96 + 96
+// at BN = 192, 128 + 64 at 256) + addressing.
 
-template <typename OutT, int STAGES>
+template <typename OutT, int BN, int STAGES>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     scaled_matmul_wgmma_ws(OutT* __restrict__ D, int M, int N, int K, i64 ldd, const float* __restrict__ scale_a,
                            int sa_step, float sa0, const float* __restrict__ scale_b, int sb_step, float sb0,
                            const void* __restrict__ bias, int bias_kind, const __grid_constant__ TmaMap mapA,
                            const __grid_constant__ TmaMap mapB) {
     using namespace gf8;
+    typedef Tile<BN> TL;
     extern __shared__ unsigned char smem_raw[];
     const unsigned ring = ring_base(smem_raw);
-    const Pipeline<STAGES> pipe{ring + STAGES * STAGE_BYTES};
+    const Pipeline<STAGES> pipe{ring + STAGES * TL::STAGE_BYTES};
     if (threadIdx.x == 0) pipe.init(2);  // an empty phase: one arrival per consumer warpgroup
     __syncthreads();
 
@@ -174,8 +191,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 const TileRef u = order.at(t);
                 for (int kt = 0; kt < KT; ++kt, ++it) {
                     pipe.producer_acquire(it);
-                    pipe.producer_expect(it, STAGE_BYTES);
-                    const unsigned st = ring + pipe.stage(it) * STAGE_BYTES;
+                    pipe.producer_expect(it, TL::STAGE_BYTES);
+                    const unsigned st = ring + pipe.stage(it) * TL::STAGE_BYTES;
                     tma_load_3d(st, &mapA, kt * BK, u.tm * BM, 0, pipe.full(it).addr);
                     tma_load_3d(st + A_BYTES, &mapB, kt * BK, u.tn * BN, 0, pipe.full(it).addr);
                 }
@@ -186,19 +203,19 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         setmaxnreg_inc<WS_CONSUMER_REGS>();
         const int a_row = 64 * (warpgroup() - 1);
         const bool leader = threadIdx.x % WG == 0;
-        float acc[128], part[64];
+        float acc[BN / 2], part[TL::PART_N / 2];
         unsigned it = 0;
         for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
             const TileRef u = order.at(t);
 #pragma unroll
-            for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+            for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
             for (int kt = 0; kt < KT; ++kt, ++it) {
                 pipe.consumer_wait(it);
-                mma_stage(acc, part, ring + pipe.stage(it) * STAGE_BYTES, a_row);
+                mma_stage<BN>(acc, part, ring + pipe.stage(it) * TL::STAGE_BYTES, a_row);
                 // both halves were waited for: nothing of this warpgroup reads the stage now
                 if (leader) pipe.consumer_release(it);
             }
-            store_tile<OutT>(acc, D, M, N, ldd, scale_a, sa_step, sa0, scale_b, sb_step, sb0, bias, bias_kind,
+            store_tile<OutT, BN>(acc, D, M, N, ldd, scale_a, sa_step, sa0, scale_b, sb_step, sb0, bias, bias_kind,
                              u.tm * BM + a_row, u.tn * BN);
         }
     }

@@ -10,7 +10,7 @@
 //   clusters           the block's rank, an arrival on another block's barrier
 //   wgmma              shared-memory matrix descriptors of 128-byte-swizzled tiles (both
 //                      operand majors), fence / commit_group / wait_group, m64nNk16 (N = 128,
-//                      192, 256) for f16 and bf16 with the transpose immediates, m64n128k32
+//                      192, 256) for f16 and bf16 with the transpose immediates, m64nNk32
 //                      for e4m3, fence_regs
 //   setmaxnreg         register reallocation between warpgroups
 //   named barriers     bar.sync on a subset of the block's warps
@@ -296,12 +296,16 @@ __device__ __forceinline__ void wgmma_m64nNk16(float (&d)[N / 2], u64 da, u64 db
     }
 }
 
-// d (+)= A * B for a 64 x 128 x 32 step with e4m3 A and B, both K-major (8-bit wgmma has no
-// transpose); the accumulators are laid out as the 16-bit m64n128k16's. accumulate false:
-// d = A * B.
-__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], u64 da, u64 db, bool accumulate) {
+// d (+)= A * B for a 64 x N x 32 step with e4m3 A and B, both K-major (8-bit wgmma has no
+// transpose; N = 128, 192 or 256); the accumulators are laid out as the 16-bit m64nNk16's.
+// accumulate false: d = A * B.
+template <int N>
+__device__ __forceinline__ void wgmma_m64nNk32_e4m3(float (&d)[N / 2], u64 da, u64 db, bool accumulate) {
+    static_assert(N == 128 || N == 192 || N == 256, "wgmma_m64nNk32_e4m3: N of 128, 192 or 256");
     constexpr bool TRANS_A = false, TRANS_B = false;  // (operands the macro passes, unused here)
-    CUOPS_WGMMA_M64N128("k32.f32.e4m3.e4m3", "");
+    if constexpr (N == 128) CUOPS_WGMMA_M64N128("k32.f32.e4m3.e4m3", "");
+    else if constexpr (N == 192) CUOPS_WGMMA_M64N192("k32.f32.e4m3.e4m3", "");
+    else CUOPS_WGMMA_M64N256("k32.f32.e4m3.e4m3", "");
 }
 #undef CUOPS_WGMMA_M64N128
 #undef CUOPS_WGMMA_M64N192

@@ -228,7 +228,7 @@ def test_kernel_files_and_archs():
     assert G8.KERNELS.arch == "sm_90a" and G8.KERNELS.archs == ("sm_90a",)
     assert G8.KERNELS.runs_on(90) and not any(G8.KERNELS.runs_on(cc) for cc in (80, 86, 89, 100))
     assert Q8.KERNELS.arch is None and Q8.KERNELS.archs == _kernels.PORTABLE_ARCHS
-    assert len(Q8.KERNELS.name_expressions) == 9 and len(G8.KERNELS.name_expressions) == 3
+    assert len(Q8.KERNELS.name_expressions) == 9 and len(G8.KERNELS.name_expressions) == 9  # 3 outs x 3 tiles
 
 
 def _props(cc, name="NVIDIA H100 80GB HBM3"):
@@ -246,23 +246,33 @@ def test_gpu_error_names_the_gpu(monkeypatch):
 
 
 # ------------------------------------------------------------------ GEMM plan and maps
-@pytest.mark.parametrize("M,N,tiles", [(1, 1, 1), (128, 256, 1), (129, 257, 4), (600, 600, 15),
-                                       (4096, 4096, 512), (8192, 8192, 2048)])
+# tiles of (1, 1), (128, 256), (129, 257), (600, 600), (4096, 4096), (8192, 8192)
+_FP8_TILES = {"128x256": (256, 4, (1, 1, 4, 15, 512, 2048)),
+              "128x192": (192, 5, (1, 2, 4, 20, 704, 2752)),
+              "128x128": (128, 6, (1, 2, 6, 25, 1024, 4096))}
+
+
+@pytest.mark.parametrize("config", [None, *_FP8_TILES])
 @pytest.mark.parametrize("dout", G8.OUT_TYPES)
-def test_gemm_plan(M, N, tiles, dout):
-    pl = G8.plan(M, N, dout, H100_SMS)
-    assert pl.name in G8.KERNELS.name_expressions
-    assert pl.name == f"scaled_matmul_wgmma_ws<{_dtypes.cuda_type(dout)}, 4>"
-    assert pl.grid == (min(tiles, H100_SMS), 1, 1) and pl.block == (384,) and pl.cluster == 1
-    assert pl.smem == 4 * (128 + 256) * 128 + 1024 + 64 <= SMEM_OPTIN
+def test_gemm_plan(config, dout):
+    bn, stages, counts = _FP8_TILES[config or G8.DEFAULT_CONFIG]
+    for (M, N), tiles in zip([(1, 1), (128, 256), (129, 257), (600, 600), (4096, 4096), (8192, 8192)], counts):
+        pl = G8.plan(M, N, dout, H100_SMS, config)
+        assert pl.name in G8.KERNELS.name_expressions
+        assert pl.name == f"scaled_matmul_wgmma_ws<{_dtypes.cuda_type(dout)}, {bn}, {stages}>"
+        assert pl.grid == (min(tiles, H100_SMS), 1, 1) and pl.block == (384,) and pl.cluster == 1
+        assert pl.smem == stages * (128 + bn) * 128 + 1024 + 16 * stages <= SMEM_OPTIN
     with pytest.raises(TypeError, match="out_dtype"):
-        G8.plan(M, N, "float64")
+        G8.plan(1, 1, "float64")
+    with pytest.raises(ValueError, match="config"):
+        G8.plan(1, 1, dout, H100_SMS, "256x128")
 
 
 def test_map_specs():
     (da, sa, ba), (db, sb, bb) = G8.map_specs(300, 520, 704, 704, 720)
     assert (da, sa, ba) == ((704, 300, 1), (704, 704 * 300), (128, 128, 1))
-    assert (db, sb, bb) == ((704, 520, 1), (720, 720 * 520), (128, 256, 1))
+    assert (db, sb, bb) == ((704, 520, 1), (720, 720 * 520), (128, _FP8_TILES[G8.DEFAULT_CONFIG][0], 1))
+    assert G8.map_specs(300, 520, 704, 704, 720, "128x256")[1][2] == (128, 256, 1)
     for dims, strides, box in G8.map_specs(1, 1, 16, 16, 16):
         assert box[0] * 1 == 128  # the inner box is one 128-byte swizzle row of 1-byte elements
         assert all(s % 16 == 0 for s in strides) and all(b <= 256 for b in box)
@@ -358,11 +368,11 @@ def test_gemm_arguments_pack_for_the_driver():
 
     p = G8.Fp8Problem(7, 9, 32, _Dev(), _Dev(), 32, 32, _Dev(), "bfloat16", None, 0, 0.25)
     mapA = bytes(range(128))
-    _launch.launch_with_structs(types.SimpleNamespace(ptr=0xF00D), (132,), (384,), G8.smem(),
+    _launch.launch_with_structs(types.SimpleNamespace(ptr=0xF00D), (132,), (384,), G8.smem(G8.DEFAULT_CONFIG),
                                 p.args() + (mapA, bytes(128)), driver_launch=driver_launch,
                                 current_stream=lambda: types.SimpleNamespace(ptr=0))
     (gx, bx, smem, slots, m, sa0), = seen
-    assert (gx, bx, smem, m, sa0) == (132, 384, G8.smem(), mapA, 0.25) and all(slots)
+    assert (gx, bx, smem, m, sa0) == (132, 384, G8.smem(G8.DEFAULT_CONFIG), mapA, 0.25) and all(slots)
 
 
 # ------------------------------------------------------------------ quantize plans

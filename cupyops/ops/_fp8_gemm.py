@@ -5,14 +5,14 @@ on a compute-capability 9.0 GPU (H100, H200) alone; ``cupyops.ops.fp8.scaled_mat
 checked the arguments and laid the operands out as the kernel needs them:
 
 - ``wgmma_ws``: a producer warpgroup issuing tensor copies and two consumer warpgroups
-  (setmaxnreg) around a 4-stage full/empty mbarrier ring, 128 x 256 tiles, one persistent
-  block an SM over the tiles in grouped order; m64n128k32 e4m3 wgmmas whose partial sums
+  (setmaxnreg) around a full/empty mbarrier ring, 128 x BN tiles (``CONFIGS``), one
+  persistent block an SM over the tiles in grouped order; e4m3 wgmmas whose partial sums
   are added into float32 accumulators every 128 K (the fp8 tensor cores' own running sum
   keeps ~14 bits); scales and bias applied in the epilogue.
 
 Both operands are K-major (8-bit wgmma has no transpose): A stored M x K, B stored N x K,
 each read through a 3-D tensor map (K, rows, 1) of 1-byte elements with the 128-byte
-swizzle, in boxes of 128 K x 128 rows (A) and 128 K x 256 rows (B). A tensor map needs a
+swizzle, in boxes of 128 K x 128 rows (A) and 128 K x BN rows (B). A tensor map needs a
 16-byte aligned start and a row stride that is a multiple of 16 bytes (``k_major_ld``).
 """
 import dataclasses
@@ -23,33 +23,37 @@ from .. import _arrays, _dtypes, _launch, _tma
 from .._kernels import SPLIT_COMPILE, KernelFile, template_name
 
 VARIANTS = {
-    "wgmma_ws": "sm_90a: e4m3 wgmma (m64n128k32, both operands K-major) from a 4-stage TMA ring, "
-    "a producer and two consumer warpgroups, 128x256 tiles, persistent; partial sums promoted "
-    "to float32 every 128 K; scales and bias in the epilogue",
+    "wgmma_ws": "sm_90a: e4m3 wgmma (k32, both operands K-major) from a TMA ring, a producer and "
+    "two consumer warpgroups, 128x192 or 128x256 tiles, persistent; partial sums promoted to "
+    "float32 every 128 K; scales and bias in the epilogue",
 }
 OUT_TYPES = ("bfloat16", "float16", "float32")
 
 ARCH = "sm_90a"
 BM = 128  # rows of a tile (64 a consumer warpgroup)
-BN = 256  # columns of a tile
 BK = 128  # K of a stage: 128 one-byte elements, the 128-byte swizzle's row
-STAGES = 4
+# config -> (BN, STAGES): as many stages of (BM + BN) x BK bytes as fit in 227 KB
+TILES = {"128x256": (256, 4), "128x192": (192, 5), "128x128": (128, 6)}
+CONFIGS = {"wgmma_ws": tuple(TILES)}
+DEFAULT_CONFIG = "128x192"
 THREADS = 384  # a producer and two consumer warpgroups
 ALIGN = _tma.ALIGN  # bytes: a tensor map's start and row stride
 BIAS_NONE, BIAS_F32, BIAS_OUT = 0, 1, 2  # the kernel's bias_kind
 
 
-def smem():
+def smem(config):
     """Dynamic shared memory: the ring of (BM + BN) x BK bytes a stage, its 1024-byte
     alignment, and two 8-byte mbarriers a stage."""
-    return STAGES * (BM + BN) * BK + _tma.SWIZZLE_ATOM_BYTES + 16 * STAGES
+    bn, stages = TILES[config]
+    return stages * (BM + bn) * BK + _tma.SWIZZLE_ATOM_BYTES + 16 * stages
 
 
-def _name(out_dtype):
-    return template_name("scaled_matmul_wgmma_ws", _dtypes.cuda_type(out_dtype), STAGES)
+def _name(out_dtype, config):
+    return template_name("scaled_matmul_wgmma_ws", _dtypes.cuda_type(out_dtype), *TILES[config])
 
 
-KERNELS = KernelFile("gemm_fp8.cu", [_name(d) for d in OUT_TYPES], options=SPLIT_COMPILE, arch=ARCH)
+KERNELS = KernelFile("gemm_fp8.cu", [_name(d, c) for d in OUT_TYPES for c in TILES], options=SPLIT_COMPILE,
+                     arch=ARCH)
 KERNEL_FILES = [KERNELS]
 
 
@@ -109,29 +113,32 @@ def k_major_ld(shape, strides, ptr):
     return s_rows
 
 
-def plan(M, N, out_dtype, sm_count=132):
+def plan(M, N, out_dtype, sm_count=132, config=None):
     """The ``_launch.Launch`` of ``wgmma_ws`` for an M x N output (a plain function of
     numbers: the CPU tier checks it): one persistent block an SM, at most one a tile."""
     if out_dtype not in OUT_TYPES:
         raise TypeError(f"out_dtype: {out_dtype!r} is not one of {', '.join(OUT_TYPES)}")
-    tiles = _launch.cdiv(M, BM) * _launch.cdiv(N, BN)
-    return _launch.Launch(KERNELS, _name(out_dtype), (max(1, min(tiles, sm_count)), 1, 1), (THREADS,), smem(),
-                          "scaled_matmul impl='wgmma_ws'")
+    config = DEFAULT_CONFIG if config is None else config
+    if config not in TILES:
+        raise ValueError(f"config: unknown scaled_matmul tile {config!r}; expected one of {', '.join(TILES)}")
+    tiles = _launch.cdiv(M, BM) * _launch.cdiv(N, TILES[config][0])
+    return _launch.Launch(KERNELS, _name(out_dtype, config), (max(1, min(tiles, sm_count)), 1, 1), (THREADS,),
+                          smem(config), "scaled_matmul impl='wgmma_ws'")
 
 
-def map_specs(M, N, K, lda, ldb):
+def map_specs(M, N, K, lda, ldb, config=None):
     """(dims, byte strides, box) of the tensor maps of A (M x K) and B (N x K): K
     innermost, then the rows, then a batch of one (its stride is never stepped, but must
     be a multiple of 16 bytes: a whole operand)."""
     return [((K, rows, 1), (ld, ld * rows), (BK, box_rows, 1))
-            for rows, ld, box_rows in ((M, lda, BM), (N, ldb, BN))]
+            for rows, ld, box_rows in ((M, lda, BM), (N, ldb, TILES[config or DEFAULT_CONFIG][0]))]
 
 
-def tensor_maps(p):
+def tensor_maps(p, config=None):
     """The tensor maps of A and B (128 bytes each). The caller has made both operands
     describable (``k_major_ld``); a refusal by the driver is an error here."""
     maps = []
-    for arr, name, (dims, strides, box) in zip((p.A, p.B), ("a", "b"), map_specs(p.M, p.N, p.K, p.lda, p.ldb)):
+    for arr, name, (dims, strides, box) in zip((p.A, p.B), ("a", "b"), map_specs(p.M, p.N, p.K, p.lda, p.ldb, config)):
         m = _tma.encode_tiled(arr.data.ptr, dims, strides, box, _tma.SWIZZLE_128B, _tma.DATA_UINT8)
         if m is None:
             raise RuntimeError(f"scaled_matmul: the driver refused the tensor map of {name} (dims {dims}, byte "
@@ -158,14 +165,16 @@ def gpu_error(props):
 _PLANS = {}  # memoized Launch per (Fp8Problem.shape_key, device)
 
 
-def launch(impl, p):
-    """Run rung ``impl`` on problem ``p`` (M, N, K > 0) on CuPy's current stream."""
+def launch(impl, p, config=None):
+    """Run rung ``impl`` on problem ``p`` (M, N, K > 0) on CuPy's current stream, in tile
+    ``config`` (default ``DEFAULT_CONFIG``; the sweeps name the others)."""
     if impl not in VARIANTS:
         raise ValueError(f"impl: unknown scaled_matmul rung {impl!r}; expected one of {', '.join(VARIANTS)}")
     props = _launch.device_props()
     why = gpu_error(props)
     if why is not None:
         raise ValueError(f"impl: {impl!r}: {why}")
-    maps = tensor_maps(p)
-    key = (p.shape_key(), _launch.current_device())
-    _launch.memo(_PLANS, key, lambda: plan(p.M, p.N, p.out_dtype, props.sm_count))(p.args() + maps)
+    config = DEFAULT_CONFIG if config is None else config
+    maps = tensor_maps(p, config)
+    key = (p.shape_key(), config, _launch.current_device())
+    _launch.memo(_PLANS, key, lambda: plan(p.M, p.N, p.out_dtype, props.sm_count, config))(p.args() + maps)
