@@ -1,4 +1,5 @@
-"""Small odd GEMMs through every sm_90a rung and configuration, for compute-sanitizer:
+"""Small odd GEMMs through every sm_90a rung and configuration (the 16-bit wgmma rungs and
+the float8 scaled_matmul), for compute-sanitizer:
 
     compute-sanitizer --tool memcheck  python benchmarks/sanitize_gemm_sm90.py
     compute-sanitizer --tool racecheck python benchmarks/sanitize_gemm_sm90.py
@@ -53,6 +54,32 @@ def main():
         err = reference.rel_error(d.get(), ref)
         assert err < 1e-2, (cfg, err)
         cases += 1
+    # the float8 GEMM: every tile, each epilogue (tensor stores: bfloat16 out, one scale for
+    # B; direct: per-column scales with a bias, and float32 out), edges in M, N and K, and
+    # more tiles than SMs
+    from cupyops.ops import _fp8_gemm, fp8
+
+    def e4m3_bits(shape):  # values of magnitude below 2 (bits under 0x40), either sign
+        bits = rng.integers(0, 0x40, shape, dtype=np.uint8) | (rng.integers(0, 2, shape, dtype=np.uint8) << 7)
+        return cp.asarray(bits)
+
+    for M, N, K in ((72, 264, 144), (2056, 2312, 48)):
+        a = e4m3_bits((M, K))
+        b = e4m3_bits((N, K)).T  # K x N, K-major
+        sb_cols = cp.asarray(rng.uniform(0.5, 2, N).astype(np.float32))
+        bias = cp.asarray(rng.standard_normal(N).astype(np.float32))
+        for cfg in _fp8_gemm.CONFIGS["wgmma_ws"]:
+            _fp8_gemm.DEFAULT_CONFIG, default = cfg, _fp8_gemm.DEFAULT_CONFIG
+            try:
+                for out_dtype, sb, bi in (("bfloat16", 0.5, None), ("float16", sb_cols, bias), ("float32", 0.5, None)):
+                    got = fp8.scaled_matmul(a, b, 0.25, sb, out_dtype=out_dtype, bias=bi)
+                    ref = reference.scaled_matmul(a.get(), b.get(), 0.25, sb if isinstance(sb, float) else sb.get(),
+                                                  None if bi is None else bi.get())
+                    err = reference.rel_error(got.astype(cp.float32).get(), ref)
+                    assert err < 1e-2, ("fp8", cfg, M, N, K, out_dtype, err)
+                    cases += 1
+            finally:
+                _fp8_gemm.DEFAULT_CONFIG = default
     cp.cuda.runtime.deviceSynchronize()
     print(f"{cases} sm_90a GEMM cases right")
 

@@ -16,6 +16,7 @@ import functools
 
 
 MAP_BYTES = 128
+NO_MAP = bytes(MAP_BYTES)  # a map argument a kernel is told not to read
 # The 128-byte swizzle repeats every 1024 bytes of shared memory: a ring of swizzled stages
 # starts at such a boundary, and its kernel asks for this much more shared memory to find one.
 SWIZZLE_ATOM_BYTES = 1024

@@ -43,11 +43,16 @@
 // + bias[n], rounded once to the output type. A null scale_a / scale_b leaves the scalar
 // sa0 / sb0 alone (a Python float scale costs no device array); step 0 is a per-tensor
 // scale held in device memory, step 1 one a row of A / column of B. bias_kind: 0 none,
-// 1 float32, 2 the output type.
+// 1 float32, 2 the output type. Where D is 16-bit and a tensor map describes it, there is
+// no bias and B has one scale (mapD, store_by_tma != 0), the outputs go out through shared
+// memory and tensor stores (gemm_sm90.cuh store_tile_tma), which drain while the next
+// tile's wgmmas run; otherwise by direct stores (per-column factors, loaded once for a
+// thread's two rows there, would be loaded for every output in the staged layout and
+// spill registers).
 //
 // Launch geometry: block 384 threads; grid (min(tiles, SMs), 1, 1) with tiles =
-// cdiv(M, 128) * cdiv(N, BN); dynamic shared memory STAGES * (128 + BN) * 128 + 1 KB (ring
-// alignment) + 16 * STAGES (mbarriers).
+// cdiv(M, 128) * cdiv(N, BN); dynamic shared memory STAGES * (128 + BN) * 128 + 32 KB (the
+// epilogue's staging) + 1 KB (ring alignment) + 16 * STAGES (mbarriers).
 #include "gemm_sm90.cuh"
 
 using namespace cuops;
@@ -100,10 +105,30 @@ __device__ __forceinline__ void mma_stage(float (&acc)[BN / 2], float (&part)[Ti
     }
 }
 
-template <typename OutT> __device__ __forceinline__ float bias_at(const void* bias, int kind, int n) {
-    if (kind == 1) return __ldg(static_cast<const float*>(bias) + n);
-    return to_f32(static_cast<const OutT*>(bias)[n]);
-}
+// What the epilogue applies: D[m, n] = acc * row(m) * col(n) + add(n) (the header's formula).
+template <typename OutT> struct Scales {
+    int M, N;
+    const float* scale_a;
+    int sa_step;
+    float sa0;
+    const float* scale_b;
+    int sb_step;
+    float sb0;
+    const void* bias;
+    int bias_kind;
+
+    __device__ __forceinline__ float row(int m) const {  // any m (past M: never stored)
+        return scale_a != nullptr && m < M ? sa0 * __ldg(scale_a + static_cast<i64>(m) * sa_step) : sa0;
+    }
+    __device__ __forceinline__ float col(int n) const {  // n < N
+        return scale_b != nullptr ? sb0 * __ldg(scale_b + static_cast<i64>(n) * sb_step) : sb0;
+    }
+    __device__ __forceinline__ float add(int n) const {  // n < N
+        if (bias_kind == 0) return 0.f;
+        if (bias_kind == 1) return __ldg(static_cast<const float*>(bias) + n);
+        return to_f32(static_cast<const OutT*>(bias)[n]);
+    }
+};
 
 // Two adjacent outputs as one 4-byte (16-bit types) or 8-byte (float32) store.
 template <typename OutT> __device__ __forceinline__ void store_pair(OutT* p, float x0, float x1) {
@@ -111,23 +136,21 @@ template <typename OutT> __device__ __forceinline__ void store_pair(OutT* p, flo
     else *reinterpret_cast<unsigned*>(p) = pack2<OutT>(x0, x1);
 }
 
-// The epilogue of one consumer warpgroup: its 64 x BN accumulators (rows from m_row,
-// columns from n0) scaled, biased, rounded and stored, masked to M x N. A column's scale
-// and bias are loaded once for the thread's two rows.
+// The epilogue of one consumer warpgroup by direct stores (float32 D, or a D no tensor map
+// describes): its 64 x BN accumulators (rows from m_row, columns from n0) scaled, biased,
+// rounded and stored, masked to M x N. A column's scale and bias are loaded once for the
+// thread's two rows.
 template <typename OutT, int BN>
-__device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], OutT* D, int M, int N, i64 ldd,
-                                           const float* scale_a, int sa_step, float sa0, const float* scale_b,
-                                           int sb_step, float sb0, const void* bias, int bias_kind, int m_row,
-                                           int n0) {
+__device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], OutT* D, i64 ldd, const Scales<OutT>& sc,
+                                           int m_row, int n0) {
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
-    const int col = n0 + 2 * (lane % 4);
+    const int col = n0 + 2 * (lane % 4), M = sc.M, N = sc.N;
     int m[2];
     float ra[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         m[h] = m_row + 16 * warp + lane / 4 + 8 * h;
-        ra[h] = sa0;
-        if (scale_a != nullptr && m[h] < M) ra[h] *= __ldg(scale_a + static_cast<i64>(m[h]) * sa_step);
+        ra[h] = sc.row(m[h]);
     }
     const bool pairs = ldd % 2 == 0 && reinterpret_cast<unsigned long long>(D) % (2 * sizeof(OutT)) == 0;
 #pragma unroll
@@ -135,15 +158,8 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], OutT* D, 
         const int n = col + 8 * j;
         if (n >= N) continue;
         const bool two = n + 1 < N;
-        float cb0 = sb0, cb1 = sb0, b0 = 0.f, b1 = 0.f;
-        if (scale_b != nullptr) {
-            cb0 *= __ldg(scale_b + static_cast<i64>(n) * sb_step);
-            if (two) cb1 *= __ldg(scale_b + static_cast<i64>(n + 1) * sb_step);
-        }
-        if (bias_kind != 0) {
-            b0 = bias_at<OutT>(bias, bias_kind, n);
-            if (two) b1 = bias_at<OutT>(bias, bias_kind, n + 1);
-        }
+        const float cb0 = sc.col(n), cb1 = two ? sc.col(n + 1) : 0.f;
+        const float b0 = sc.add(n), b1 = two ? sc.add(n + 1) : 0.f;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             if (m[h] >= M) continue;
@@ -171,12 +187,14 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     scaled_matmul_wgmma_ws(OutT* __restrict__ D, int M, int N, int K, i64 ldd, const float* __restrict__ scale_a,
                            int sa_step, float sa0, const float* __restrict__ scale_b, int sb_step, float sb0,
                            const void* __restrict__ bias, int bias_kind, const __grid_constant__ TmaMap mapA,
-                           const __grid_constant__ TmaMap mapB) {
+                           const __grid_constant__ TmaMap mapB, const __grid_constant__ TmaMap mapD,
+                           int store_by_tma) {
     using namespace gf8;
     typedef Tile<BN> TL;
     extern __shared__ unsigned char smem_raw[];
     const unsigned ring = ring_base(smem_raw);
-    const Pipeline<STAGES> pipe{ring + STAGES * TL::STAGE_BYTES};
+    const unsigned staging = ring + STAGES * TL::STAGE_BYTES;  // STAGING_BYTES a consumer warpgroup
+    const Pipeline<STAGES> pipe{staging + 2 * STAGING_BYTES};
     if (threadIdx.x == 0) pipe.init(2);  // an empty phase: one arrival per consumer warpgroup
     __syncthreads();
 
@@ -215,8 +233,23 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 // both halves were waited for: nothing of this warpgroup reads the stage now
                 if (leader) pipe.consumer_release(it);
             }
-            store_tile<OutT, BN>(acc, D, M, N, ldd, scale_a, sa_step, sa0, scale_b, sb_step, sb0, bias, bias_kind,
-                             u.tm * BM + a_row, u.tn * BN);
+            // (made here from the parameters, not held in registers through the main loop)
+            const Scales<OutT> sc{M, N, scale_a, sa_step, sa0, scale_b, sb_step, sb0, bias, bias_kind};
+            const int m_row = u.tm * BM + a_row, n0 = u.tn * BN;
+            bool stored = false;
+            if constexpr (sizeof(OutT) == 2) {
+                if (store_by_tma) {  // (the launcher's choice: a 16-bit D that a map describes,
+                                     // no bias, one scale for all of B's columns)
+                    const int r = 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4;
+                    const float cb = sc.col(0), f[2] = {sc.row(m_row + r) * cb, sc.row(m_row + r + 8) * cb};
+                    store_tile_tma<OutT, BN>([&](int i, int h, int) { return acc[i] * f[h]; }, &mapD,
+                                             staging + (warpgroup() - 1) * STAGING_BYTES, m_row, n0, 0, warpgroup(),
+                                             leader);
+                    stored = true;
+                }
+            }
+            if (!stored) store_tile<OutT, BN>(acc, D, ldd, sc, m_row, n0);
         }
+        if (leader) bulk_wait<0>();  // the tensor stores are done before the block ends
     }
 }

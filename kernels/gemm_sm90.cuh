@@ -1,6 +1,6 @@
 // gemm_sm90.cuh: what the sm_90a GEMM kernels (gemm_wgmma.cu, gemm_fp8.cu) share beyond the
-// Hopper layer of sm90.cuh: the warpgroup's size, where the ring starts, and the order in
-// which a persistent grid walks its tiles.
+// Hopper layer of sm90.cuh: the warpgroup's size, where the ring starts, the order in which
+// a persistent grid walks its tiles, and the epilogue of tensor stores.
 #pragma once
 #include "sm90.cuh"
 
@@ -47,6 +47,53 @@ struct TileOrder {
         return {z, first + r % rows, r / rows};
     }
 };
+
+// The staging buffer of a consumer warpgroup's tensor-store epilogue: 64 rows x 128 columns
+// of a 16-bit type, as two 64 x 64 boxes in the 128-byte swizzle.
+constexpr unsigned STAGING_BYTES = 64 * 128 * 2;
+
+// The epilogue of one warpgroup through shared memory and tensor stores, for a 16-bit D
+// described by tensor map `mapD` (boxes of 64 x 64): its 64 x BN outputs, value(i, h, c)
+// for accumulator i (the m64nN layout: row 16 * warp + lane / 4 + 8 * h, column c of the
+// tile), go out in parts of (at most) 128 columns, each staged in the 128-byte swizzle at
+// `buf` (STAGING_BYTES) and stored by the warpgroup's first thread. A warp's 4-byte
+// writes (8 rows x 4 column pairs) land in 32 distinct banks: chunk c of row r sits at
+// chunk c ^ (r % 8). The copy engine clips what lies past D's extent, so edges need no
+// masks. The stores run on while the warpgroup goes on to its next tile; only the staging
+// buffer waits for them to have read it. `bar_id`: this warpgroup's named barrier.
+template <typename T, int BN, typename Value>
+__device__ __forceinline__ void store_tile_tma(const Value& value, const TmaMap* mapD, unsigned buf, int m_row,
+                                               int n0, int z, int bar_id, bool leader) {
+    static_assert(sizeof(T) == 2 && BN % 64 == 0, "tensor-store epilogue: 16-bit D, whole 64-column boxes");
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+    constexpr int BOXES = BN / 64;
+#pragma unroll
+    for (int half = 0; half < (BOXES + 1) / 2; ++half) {
+        const int boxes = min(2, BOXES - 2 * half);  // (compile-time after unrolling)
+        if (leader) bulk_wait_read<0>();  // the previous stores from buf have read it
+        named_barrier_sync(bar_id, WG);
+#pragma unroll
+        for (int jj = 0; jj < 16; ++jj) {
+            if (jj >= 8 * boxes) break;
+            const int j = 16 * half + jj;  // the 8-column block of the accumulators
+            const unsigned box = buf + (jj / 8) * 8192u;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = 16 * warp + lane / 4 + 8 * h, c = 8 * j + 2 * (lane % 4);
+                const unsigned addr = box + r * 128u + (((jj % 8) ^ (r % 8)) << 4) + (lane % 4) * 4u;
+                const unsigned v = pack2<T>(value(4 * j + 2 * h, h, c), value(4 * j + 2 * h + 1, h, c + 1));
+                asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+            }
+        }
+        fence_proxy_async();  // these generic-proxy writes before the tensor store reads them
+        named_barrier_sync(bar_id, WG);
+        if (leader) {
+            tma_store_3d(mapD, buf, n0 + 128 * half, m_row, z);
+            if (boxes == 2) tma_store_3d(mapD, buf + 8192u, n0 + 128 * half + 64, m_row, z);
+            bulk_commit();
+        }
+    }
+}
 
 }  // namespace sm90
 }  // namespace cuops

@@ -144,46 +144,6 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], const T* 
 }
 
 
-// The epilogue of one warpgroup through shared memory and tensor stores (beta == 0, D
-// described by tensor map `mapD`): its 64 x BN accumulators times alpha go out in parts of
-// (at most) 128 columns, each staged as 64 x 64 boxes in the 128-byte swizzle (16 KB at
-// `buf`) and stored by the warpgroup's first thread. A warp's 4-byte writes (8 rows x
-// 4 columns pairs) land in 32 distinct banks: chunk c of row r sits at chunk c ^ (r % 8).
-// The stores run on while the warpgroup goes on to its next tile; only the staging buffer
-// waits for them to have read it. `bar_id`: this warpgroup's named barrier.
-template <typename T, int BN>
-__device__ __forceinline__ void store_tile_tma(const float (&acc)[BN / 2], const TmaMap* mapD, unsigned buf,
-                                               float alpha, int m_row, int n0, int z, int bar_id, bool leader) {
-    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
-    constexpr int BOXES = BN / 64;
-#pragma unroll
-    for (int half = 0; half < (BOXES + 1) / 2; ++half) {
-        const int boxes = min(2, BOXES - 2 * half);  // (compile-time after unrolling)
-        if (leader) bulk_wait_read<0>();  // the previous stores from buf have read it
-        named_barrier_sync(bar_id, WG);
-#pragma unroll
-        for (int jj = 0; jj < 16; ++jj) {
-            if (jj >= 8 * boxes) break;
-            const int j = 16 * half + jj;  // the 8-column block of the accumulators
-            const unsigned box = buf + (jj / 8) * 8192u;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = 16 * warp + lane / 4 + 8 * h;
-                const unsigned addr = box + r * 128u + (((jj % 8) ^ (r % 8)) << 4) + (lane % 4) * 4u;
-                const unsigned v = pack2<T>(alpha * acc[4 * j + 2 * h], alpha * acc[4 * j + 2 * h + 1]);
-                asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-            }
-        }
-        fence_proxy_async();  // these generic-proxy writes before the tensor store reads them
-        named_barrier_sync(bar_id, WG);
-        if (leader) {
-            tma_store_3d(mapD, buf, n0 + 128 * half, m_row, z);
-            if (boxes == 2) tma_store_3d(mapD, buf + 8192u, n0 + 128 * half + 64, m_row, z);
-            bulk_commit();
-        }
-    }
-}
-
 }  // namespace gwg
 
 // ---------------------------------------------------------------------------- 1. gemm_wgmma
@@ -237,7 +197,6 @@ __global__ void __launch_bounds__(WG, 1)
 
 // ------------------------------------------------------------------------- 2. gemm_wgmma_ws
 // (registers: gemm_sm90.cuh's producer / consumer split)
-constexpr unsigned STAGING_BYTES = 64 * 128 * 2;  // half a warpgroup's 64 x 256 output tile
 
 template <typename T, bool TA, bool TB, int BN, int STAGES, int CLUSTER>
 __global__ void __launch_bounds__(WS_THREADS, 1)
@@ -304,8 +263,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             fence_regs(acc);
             const int m_row = (u.tm * CLUSTER + rank) * 128 + a_row;
             if (store_by_tma)  // (the launcher's choice: beta == 0 and a map of D)
-                store_tile_tma<T, BN>(acc, &mapD, staging + (warpgroup() - 1) * STAGING_BYTES, alpha, m_row,
-                                      u.tn * BN, sD ? u.z : 0, warpgroup(), leader);
+                store_tile_tma<T, BN>([&](int i, int, int) { return alpha * acc[i]; }, &mapD,
+                                      staging + (warpgroup() - 1) * STAGING_BYTES, m_row, u.tn * BN, sD ? u.z : 0,
+                                      warpgroup(), leader);
             else
                 store_tile<T, BN>(acc, C + u.z * sC, D + u.z * sD, M, N, ldc, ldd, alpha, beta, m_row, u.tn * BN);
         }

@@ -248,7 +248,7 @@ def test_gpu_error_names_the_gpu(monkeypatch):
 # ------------------------------------------------------------------ GEMM plan and maps
 # tiles of (1, 1), (128, 256), (129, 257), (600, 600), (4096, 4096), (8192, 8192)
 _FP8_TILES = {"128x256": (256, 4, (1, 1, 4, 15, 512, 2048)),
-              "128x192": (192, 5, (1, 2, 4, 20, 704, 2752)),
+              "128x192": (192, 4, (1, 2, 4, 20, 704, 2752)),
               "128x128": (128, 6, (1, 2, 6, 25, 1024, 4096))}
 
 
@@ -261,7 +261,7 @@ def test_gemm_plan(config, dout):
         assert pl.name in G8.KERNELS.name_expressions
         assert pl.name == f"scaled_matmul_wgmma_ws<{_dtypes.cuda_type(dout)}, {bn}, {stages}>"
         assert pl.grid == (min(tiles, H100_SMS), 1, 1) and pl.block == (384,) and pl.cluster == 1
-        assert pl.smem == stages * (128 + bn) * 128 + 1024 + 16 * stages <= SMEM_OPTIN
+        assert pl.smem == stages * (128 + bn) * 128 + 32768 + 1024 + 16 * stages <= SMEM_OPTIN
     with pytest.raises(TypeError, match="out_dtype"):
         G8.plan(1, 1, "float64")
     with pytest.raises(ValueError, match="config"):
@@ -344,8 +344,9 @@ class _Dev:
 
 def test_gemm_arguments_match_the_kernel_signature():
     params = _kernel_params("gemm_fp8.cu", "scaled_matmul_wgmma_ws")
-    assert params[-2:] == ["TmaMap", "TmaMap"]
-    maps = (bytes(128), bytes(128))
+    assert params[-4:] == ["TmaMap", "TmaMap", "TmaMap", "int"]  # A, B, D, store_by_tma
+    d_map, by_tma = G8.output_map(G8.Fp8Problem(7, 9, 32, _Dev(), _Dev(), 32, 32, _Dev(), "float32"))
+    maps = (bytes(128), bytes(128), d_map, np.int32(by_tma))  # as launch() passes them
     p = G8.Fp8Problem(7, 9, 32, _Dev(), _Dev(), 32, 32, _Dev(), "float16")
     args = p.args()
     _check_args(params, args + maps, "no scales, no bias")
@@ -355,6 +356,32 @@ def test_gemm_arguments_match_the_kernel_signature():
     args = p.args()
     _check_args(params, args + maps, "row scales, a scalar b scale, a bias")
     assert args[6] == 1 and args[8] == 0 and args[10] == np.float32(0.5) and args[12] == 1
+
+
+def test_output_map(monkeypatch):
+    # the tensor-store epilogue takes a 16-bit D a map describes, with no bias and one scale
+    # for B; float32 D, a bias, per-column scales, and rows whose bytes are not a multiple of
+    # 16 are stored directly (map never read, flag 0)
+    calls = []
+    monkeypatch.setattr(_tma, "encode_tiled", lambda *a, **k: calls.append((a, k)) or bytes(range(128)))
+
+    def problem(M, N, dout, ptr=1 << 20):
+        return G8.Fp8Problem(M, N, 32, _Dev(), _Dev(), 32, 32, _Dev(ptr), dout)
+
+    assert G8.output_map(problem(300, 520, "float32")) == (_tma.NO_MAP, 0)
+    assert G8.output_map(problem(300, 9, "bfloat16")) == (_tma.NO_MAP, 0)  # 18-byte rows
+    assert G8.output_map(problem(300, 520, "float16", ptr=(1 << 20) + 8)) == (_tma.NO_MAP, 0)  # misaligned D
+    col_scales = problem(300, 520, "bfloat16")
+    col_scales.scale_b, col_scales.sb_step = _Dev(), 1
+    assert G8.output_map(col_scales) == (_tma.NO_MAP, 0)
+    biased = problem(300, 520, "bfloat16")
+    biased.bias, biased.bias_kind = _Dev(), G8.BIAS_OUT
+    assert G8.output_map(biased) == (_tma.NO_MAP, 0)
+    assert not calls
+    flag = G8.output_map(problem(300, 520, "bfloat16"))
+    assert flag == (bytes(range(128)), 1) and type(flag[1]) is int
+    (args, kwargs), = calls
+    assert args == (1 << 20, (520, 300, 1), (1040, 1040 * 300), (64, 64, 1)) and not kwargs
 
 
 def test_gemm_arguments_pack_for_the_driver():

@@ -32,8 +32,10 @@ OUT_TYPES = ("bfloat16", "float16", "float32")
 ARCH = "sm_90a"
 BM = 128  # rows of a tile (64 a consumer warpgroup)
 BK = 128  # K of a stage: 128 one-byte elements, the 128-byte swizzle's row
-# config -> (BN, STAGES): as many stages of (BM + BN) x BK bytes as fit in 227 KB
-TILES = {"128x256": (256, 4), "128x192": (192, 5), "128x128": (128, 6)}
+# config -> (BN, STAGES): as many stages of (BM + BN) x BK bytes as fit in 227 KB beside the
+# epilogue's staging
+TILES = {"128x256": (256, 4), "128x192": (192, 4), "128x128": (128, 6)}
+STAGING = 2 * 64 * 128 * 2  # the tensor-store epilogue's: 16 KB a consumer warpgroup
 CONFIGS = {"wgmma_ws": tuple(TILES)}
 DEFAULT_CONFIG = "128x192"
 THREADS = 384  # a producer and two consumer warpgroups
@@ -42,10 +44,10 @@ BIAS_NONE, BIAS_F32, BIAS_OUT = 0, 1, 2  # the kernel's bias_kind
 
 
 def smem(config):
-    """Dynamic shared memory: the ring of (BM + BN) x BK bytes a stage, its 1024-byte
-    alignment, and two 8-byte mbarriers a stage."""
+    """Dynamic shared memory: the ring of (BM + BN) x BK bytes a stage, the epilogue's
+    staging, the ring's 1024-byte alignment, and two 8-byte mbarriers a stage."""
     bn, stages = TILES[config]
-    return stages * (BM + bn) * BK + _tma.SWIZZLE_ATOM_BYTES + 16 * stages
+    return stages * (BM + bn) * BK + STAGING + _tma.SWIZZLE_ATOM_BYTES + 16 * stages
 
 
 def _name(out_dtype, config):
@@ -147,6 +149,21 @@ def tensor_maps(p, config=None):
     return tuple(maps)
 
 
+def output_map(p):
+    """(tensor map of D, 1) for the epilogue of tensor stores, or (NO_MAP, 0) where it
+    stores directly: float32 D (the staging holds 16-bit outputs), a bias or per-column
+    scales of B (the kernel applies those in the direct stores alone), or a D that a map
+    cannot describe (rows of a number of elements that is not a multiple of 8). D is
+    (N, M, 1) in boxes of 64 x 64 x 1, the 128-byte swizzle."""
+    if p.out_dtype == "float32" or p.bias_kind != BIAS_NONE or p.sb_step != 0:
+        return _tma.NO_MAP, 0
+    strides = (2 * p.N, 2 * p.N * p.M)
+    if not _tma.describable(p.D.data.ptr, *strides):
+        return _tma.NO_MAP, 0
+    m = _tma.encode_tiled(p.D.data.ptr, (p.N, p.M, 1), strides, (64, 64, 1))
+    return (_tma.NO_MAP, 0) if m is None else (m, 1)
+
+
 def runs_here(props):
     """Does this GPU run gemm_fp8.cu (sm_90 with the driver's tensor-map encoder)?"""
     return KERNELS.runs_on(props.cc) and _tma.available()
@@ -175,6 +192,7 @@ def launch(impl, p, config=None):
     if why is not None:
         raise ValueError(f"impl: {impl!r}: {why}")
     config = DEFAULT_CONFIG if config is None else config
-    maps = tensor_maps(p, config)
+    d_map, by_tma = output_map(p)
+    maps = tensor_maps(p, config) + (d_map, np.int32(by_tma))
     key = (p.shape_key(), config, _launch.current_device())
     _launch.memo(_PLANS, key, lambda: plan(p.M, p.N, p.out_dtype, props.sm_count, config))(p.args() + maps)

@@ -170,7 +170,7 @@ def tensor_maps(p, tile):
     return tuple(maps)
 
 
-NO_MAP = bytes(128)  # stands for mapD where the epilogue stores directly (never read then)
+NO_MAP = _tma.NO_MAP  # stands for mapD where the epilogue stores directly (never read then)
 
 
 def output_map(p):
