@@ -7,7 +7,7 @@ CuPy out, on CuPy's current stream; NumPy in -> NumPy out (through pinned memory
 from ._kernels import CompileError, warmup, warmup_async
 from .ops import OPS, variants
 from .ops.attention import attention
-from .ops.fp8 import quantize_fp8
+from .ops.fp8 import quantize_fp8, scaled_matmul
 from .ops.gemm import gemm, matmul
 from .ops.norm import layer_norm, rms_norm
 from .ops.reduce import max, sum, trace  # noqa: A004 - NumPy's names
@@ -30,6 +30,7 @@ __all__ = [
     "quantize_fp8",
     "reference",
     "rms_norm",
+    "scaled_matmul",
     "softmax",
     "sum",
     "trace",

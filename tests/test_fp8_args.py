@@ -219,7 +219,7 @@ def test_fp8_ops_are_registered_but_not_in_the_ladders():
     names = [kf.filename for kf in cupyops.ops.kernel_files()]
     assert "gemm_fp8.cu" in names and "quantize.cu" in names
     assert [kf.filename for kf in cupyops.ops.kernel_files("scaled_matmul")] == ["quantize.cu", "gemm_fp8.cu"]
-    assert not hasattr(cupyops, 'scaled_matmul') and cupyops.quantize_fp8 is fp8.quantize_fp8
+    assert cupyops.scaled_matmul is fp8.scaled_matmul and cupyops.quantize_fp8 is fp8.quantize_fp8
     with pytest.raises(ValueError, match="op: unknown operator 'fp8'; expected one of .*scaled_matmul"):
         cupyops.variants("fp8")
 
@@ -252,10 +252,10 @@ _FP8_TILES = {"128x256": (256, 4, (1, 1, 4, 15, 512, 2048)),
               "128x128": (128, 6, (1, 2, 6, 25, 1024, 4096))}
 
 
-@pytest.mark.parametrize("config", [None, *_FP8_TILES])
+@pytest.mark.parametrize("config", _FP8_TILES)
 @pytest.mark.parametrize("dout", G8.OUT_TYPES)
 def test_gemm_plan(config, dout):
-    bn, stages, counts = _FP8_TILES[config or G8.DEFAULT_CONFIG]
+    bn, stages, counts = _FP8_TILES[config]
     for (M, N), tiles in zip([(1, 1), (128, 256), (129, 257), (600, 600), (4096, 4096), (8192, 8192)], counts):
         pl = G8.plan(M, N, dout, H100_SMS, config)
         assert pl.name in G8.KERNELS.name_expressions
@@ -268,12 +268,22 @@ def test_gemm_plan(config, dout):
         G8.plan(1, 1, dout, H100_SMS, "256x128")
 
 
+@pytest.mark.parametrize("M,N,config", [(4096, 4096, "128x256"), (8192, 8192, "128x192"), (4096, 6144, "128x192"),
+                                        (4096, 28672, "128x192"), (1, 1, "128x128"), (300, 520, "128x128")])
+def test_gemm_pick(M, N, config):
+    # the wave model against the sweep on an H100 (132 SMs): 4096^3 fills 4 waves of 256-wide
+    # tiles; 8192^2 and 4096 x 28672 fill the waves of either tile alike, and the 192-wide
+    # one runs faster; a problem of one wave takes the narrowest tile
+    assert G8.pick_config(M, N, H100_SMS) == config
+    assert G8.plan(M, N, "bfloat16", H100_SMS).name == G8.plan(M, N, "bfloat16", H100_SMS, config).name
+
+
 def test_map_specs():
-    (da, sa, ba), (db, sb, bb) = G8.map_specs(300, 520, 704, 704, 720)
+    (da, sa, ba), (db, sb, bb) = G8.map_specs(300, 520, 704, 704, 720, "128x192")
     assert (da, sa, ba) == ((704, 300, 1), (704, 704 * 300), (128, 128, 1))
-    assert (db, sb, bb) == ((704, 520, 1), (720, 720 * 520), (128, _FP8_TILES[G8.DEFAULT_CONFIG][0], 1))
+    assert (db, sb, bb) == ((704, 520, 1), (720, 720 * 520), (128, 192, 1))
     assert G8.map_specs(300, 520, 704, 704, 720, "128x256")[1][2] == (128, 256, 1)
-    for dims, strides, box in G8.map_specs(1, 1, 16, 16, 16):
+    for dims, strides, box in G8.map_specs(1, 1, 16, 16, 16, "128x128"):
         assert box[0] * 1 == 128  # the inner box is one 128-byte swizzle row of 1-byte elements
         assert all(s % 16 == 0 for s in strides) and all(b <= 256 for b in box)
 
@@ -283,14 +293,14 @@ def test_tensor_maps_encode_uint8_with_the_128b_swizzle(monkeypatch):
     monkeypatch.setattr(_tma, "encode_tiled", lambda *a: calls.append(a) or bytes(128))
     arr = lambda ptr: types.SimpleNamespace(data=types.SimpleNamespace(ptr=ptr))  # noqa: E731
     p = G8.Fp8Problem(300, 520, 704, arr(1 << 20), arr(2 << 20), 704, 720, arr(3 << 20), "bfloat16")
-    assert G8.tensor_maps(p) == (bytes(128), bytes(128))
+    assert G8.tensor_maps(p, "128x256") == (bytes(128), bytes(128))
     (pa, *ra), (pb, *rb) = calls
     assert (pa, pb) == (1 << 20, 2 << 20)
     assert ra[3:] == [_tma.SWIZZLE_128B, _tma.DATA_UINT8] == rb[3:] and _tma.DATA_UINT8 == 0
     assert (ra[0], rb[0]) == ((704, 300, 1), (704, 520, 1))
     monkeypatch.setattr(_tma, "encode_tiled", lambda *a: None)  # the driver refuses
     with pytest.raises(RuntimeError, match="refused the tensor map of a"):
-        G8.tensor_maps(p)
+        G8.tensor_maps(p, "128x256")
 
 
 @pytest.mark.parametrize("shape,strides,ptr,ld", [
@@ -395,11 +405,11 @@ def test_gemm_arguments_pack_for_the_driver():
 
     p = G8.Fp8Problem(7, 9, 32, _Dev(), _Dev(), 32, 32, _Dev(), "bfloat16", None, 0, 0.25)
     mapA = bytes(range(128))
-    _launch.launch_with_structs(types.SimpleNamespace(ptr=0xF00D), (132,), (384,), G8.smem(G8.DEFAULT_CONFIG),
+    _launch.launch_with_structs(types.SimpleNamespace(ptr=0xF00D), (132,), (384,), G8.smem("128x256"),
                                 p.args() + (mapA, bytes(128)), driver_launch=driver_launch,
                                 current_stream=lambda: types.SimpleNamespace(ptr=0))
     (gx, bx, smem, slots, m, sa0), = seen
-    assert (gx, bx, smem, m, sa0) == (132, 384, G8.smem(G8.DEFAULT_CONFIG), mapA, 0.25) and all(slots)
+    assert (gx, bx, smem, m, sa0) == (132, 384, G8.smem("128x256"), mapA, 0.25) and all(slots)
 
 
 # ------------------------------------------------------------------ quantize plans

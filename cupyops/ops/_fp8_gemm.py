@@ -37,7 +37,11 @@ BK = 128  # K of a stage: 128 one-byte elements, the 128-byte swizzle's row
 TILES = {"128x256": (256, 4), "128x192": (192, 4), "128x128": (128, 6)}
 STAGING = 2 * 64 * 128 * 2  # the tensor-store epilogue's: 16 KB a consumer warpgroup
 CONFIGS = {"wgmma_ws": tuple(TILES)}
-DEFAULT_CONFIG = "128x192"
+DEFAULT_CONFIG = None  # None: pick_config's choice; the sweeps set a tile here
+# Relative speed of one tile column a wave (the wave model of pick_config), from
+# benchmarks/fp8_probe.py --configs all on an H100 (NOTES): the 192-wide tile ran ~2 %
+# faster than the 256-wide one where both fill their last wave alike; 128 lost everywhere.
+EFFICIENCY = {256: 1.0, 192: 1.02, 128: 0.9}
 THREADS = 384  # a producer and two consumer warpgroups
 ALIGN = _tma.ALIGN  # bytes: a tensor map's start and row stride
 BIAS_NONE, BIAS_F32, BIAS_OUT = 0, 1, 2  # the kernel's bias_kind
@@ -115,12 +119,22 @@ def k_major_ld(shape, strides, ptr):
     return s_rows
 
 
+def pick_config(M, N, sm_count=132):
+    """The tile of an M x N output: fewest waves of tiles over the SMs, each wave costing its
+    tile's columns over the tile's measured speed (``EFFICIENCY``)."""
+    def cost(cfg):
+        bn = TILES[cfg][0]
+        return _launch.cdiv(_launch.cdiv(M, BM) * _launch.cdiv(N, bn), sm_count) * bn / EFFICIENCY[bn]
+
+    return min(TILES, key=cost)
+
+
 def plan(M, N, out_dtype, sm_count=132, config=None):
     """The ``_launch.Launch`` of ``wgmma_ws`` for an M x N output (a plain function of
     numbers: the CPU tier checks it): one persistent block an SM, at most one a tile."""
     if out_dtype not in OUT_TYPES:
         raise TypeError(f"out_dtype: {out_dtype!r} is not one of {', '.join(OUT_TYPES)}")
-    config = DEFAULT_CONFIG if config is None else config
+    config = pick_config(M, N, sm_count) if config is None else config
     if config not in TILES:
         raise ValueError(f"config: unknown scaled_matmul tile {config!r}; expected one of {', '.join(TILES)}")
     tiles = _launch.cdiv(M, BM) * _launch.cdiv(N, TILES[config][0])
@@ -128,15 +142,15 @@ def plan(M, N, out_dtype, sm_count=132, config=None):
                           smem(config), "scaled_matmul impl='wgmma_ws'")
 
 
-def map_specs(M, N, K, lda, ldb, config=None):
+def map_specs(M, N, K, lda, ldb, config):
     """(dims, byte strides, box) of the tensor maps of A (M x K) and B (N x K): K
     innermost, then the rows, then a batch of one (its stride is never stepped, but must
     be a multiple of 16 bytes: a whole operand)."""
     return [((K, rows, 1), (ld, ld * rows), (BK, box_rows, 1))
-            for rows, ld, box_rows in ((M, lda, BM), (N, ldb, TILES[config or DEFAULT_CONFIG][0]))]
+            for rows, ld, box_rows in ((M, lda, BM), (N, ldb, TILES[config][0]))]
 
 
-def tensor_maps(p, config=None):
+def tensor_maps(p, config):
     """The tensor maps of A and B (128 bytes each). The caller has made both operands
     describable (``k_major_ld``); a refusal by the driver is an error here."""
     maps = []
@@ -184,14 +198,14 @@ _PLANS = {}  # memoized Launch per (Fp8Problem.shape_key, device)
 
 def launch(impl, p, config=None):
     """Run rung ``impl`` on problem ``p`` (M, N, K > 0) on CuPy's current stream, in tile
-    ``config`` (default ``DEFAULT_CONFIG``; the sweeps name the others)."""
+    ``config`` (default: ``DEFAULT_CONFIG`` where a sweep set one, else ``pick_config``)."""
     if impl not in VARIANTS:
         raise ValueError(f"impl: unknown scaled_matmul rung {impl!r}; expected one of {', '.join(VARIANTS)}")
     props = _launch.device_props()
     why = gpu_error(props)
     if why is not None:
         raise ValueError(f"impl: {impl!r}: {why}")
-    config = DEFAULT_CONFIG if config is None else config
+    config = config or DEFAULT_CONFIG or pick_config(p.M, p.N, props.sm_count)
     d_map, by_tma = output_map(p)
     maps = tensor_maps(p, config) + (d_map, np.int32(by_tma))
     key = (p.shape_key(), config, _launch.current_device())
