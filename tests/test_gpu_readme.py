@@ -19,9 +19,15 @@ def api_tour():
 
 
 def test_the_api_tour_runs_as_pasted():
-    namespace = {}
-    exec(compile(api_tour(), "README.md (API tour)", "exec"), namespace)
     import cupy
+
+    source = api_tour()
+    if cupy.cuda.Device().compute_capability != "90":  # the tour marks scaled_matmul H100/H200 only
+        source = "\n".join("pass" if "scaled_matmul(" in line else line for line in source.splitlines())
+    namespace = {}
+    exec(compile(source, "README.md (API tour)", "exec"), namespace)
 
     cupy.cuda.runtime.deviceSynchronize()
     assert namespace["o"].shape == (4, 32, 4096, 128)  # the last line's bhsd attention
+    if "y8" in namespace:  # (Hopper)
+        assert namespace["y8"].shape == (16, 11008) and namespace["y8"].dtype.name == "bfloat16"
