@@ -20,6 +20,7 @@ import types
 
 import numpy as np
 
+from .._interop import foreign_arrays
 from .. import _arrays, _dtypes
 from . import _attention_decode, _attention_flash, _attention_simt
 from ._attention_problem import MAX_HEAD_DIM, AttentionProblem
@@ -72,6 +73,7 @@ def auto_impl(p):
 
 
 # ------------------------------------------------------------------------- public API
+@foreign_arrays()
 def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, layout="bshd",
               return_lse=False, out=None, impl="auto"):
     """Scaled dot-product attention, ``softmax(scale * q @ k^T [+ causal mask]) @ v``.

@@ -21,6 +21,7 @@ import numbers
 
 import numpy as np
 
+from .._interop import foreign_arrays
 from .. import _arrays, _dtypes, _launch
 from . import _fp8_gemm, _fp8_quantize
 
@@ -37,6 +38,7 @@ KERNEL_FILES = [_fp8_quantize.KERNELS, _fp8_gemm.KERNELS]
 
 
 # ------------------------------------------------------------------------- public API
+@foreign_arrays()
 def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, out=None, impl="auto"):
     """``(a @ b) * scale_a * scale_b (+ bias)`` for float8 e4m3 ``a`` [M, K] and ``b``
     [K, N], as ``torch._scaled_mm``: the product of the dequantised operands
@@ -128,6 +130,7 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ou
     return _arrays.finish(y, out, call)
 
 
+@foreign_arrays(fp8_results=(0,))
 def quantize_fp8(x, *, scale=None, axis=None, impl="auto"):
     """Quantise ``x`` (float32, float16 or bfloat16) to float8 e4m3: returns ``(q, scale)``
     with ``q = e4m3(x / scale)`` as ``uint8`` bits of x's shape and ``scale`` float32, so that

@@ -22,6 +22,7 @@ import numbers
 
 import numpy as np
 
+from .._interop import foreign_arrays
 from .. import _arrays, _dtypes, _launch
 from . import _gemm_mma, _gemm_simt, _gemm_skinny, _gemm_wgmma
 from ._gemm_problem import GemmProblem
@@ -76,6 +77,7 @@ def _wgmma_props():
 
 
 # ------------------------------------------------------------------------- public API
+@foreign_arrays()
 def matmul(a, b, *, out=None, impl="auto"):
     """``numpy.matmul``: 2-D products and stacks with broadcast batch dimensions; a 1-D
     operand is a row (a) or a column (b) vector whose axis is dropped from the result.
@@ -96,6 +98,7 @@ def matmul(a, b, *, out=None, impl="auto"):
     return _gemm(a, b, None, 1.0, 0.0, False, False, out, impl, squeeze, "matmul")
 
 
+@foreign_arrays()
 def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, out=None,
          impl="auto"):
     """BLAS-style ``alpha * op(a) @ op(b) + beta * c``; op transposes the last two axes

@@ -1,6 +1,7 @@
 """layer_norm and rms_norm over the last axis (kernels/norm.cu)."""
 import numpy as np
 
+from .._interop import foreign_arrays
 from .. import _arrays, _dtypes, _launch
 from .._kernels import KernelFile, template_name
 from . import _rows
@@ -58,6 +59,7 @@ def _check(x, weight, bias, eps, out, impl, op):
     return x, dt, weight, bias, eps, out
 
 
+@foreign_arrays()
 def layer_norm(x, weight=None, bias=None, eps=1e-5, *, return_stats=False, out=None, impl="auto"):
     """LayerNorm over the last axis: ``(x - mean) / sqrt(var + eps) * weight + bias`` with the
     biased variance, as ``torch.nn.functional.layer_norm``. weight and bias have shape
@@ -86,6 +88,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, return_stats=False, out=N
     return y, _arrays.finish(mean, None, call), _arrays.finish(rstd, None, call)
 
 
+@foreign_arrays()
 def rms_norm(x, weight=None, eps=1e-6, *, out=None, impl="auto"):
     """RMSNorm over the last axis: ``x / sqrt(mean(x**2) + eps) * weight``, as
     ``torch.nn.functional.rms_norm``."""

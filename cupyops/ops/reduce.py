@@ -11,6 +11,7 @@ import builtins
 
 import numpy as np
 
+from .._interop import foreign_arrays
 from .. import _arrays, _dtypes, _launch
 from .._kernels import KernelFile, template_name
 
@@ -93,6 +94,7 @@ KERNEL_FILES = [KERNELS]
 
 
 # ---------------------------------------------------------------------------- trace
+@foreign_arrays()
 def trace(a, *, impl="auto"):
     """Sum of ``a[i, i]`` for i < min(rows, cols), as ``numpy.trace`` of a 2-D array
     (integers are summed exactly in int64; half types accumulate in float32).
@@ -128,12 +130,14 @@ def trace(a, *, impl="auto"):
 
 
 # ---------------------------------------------------------------------------- sum / max
+@foreign_arrays()
 def sum(x, axis=None, dtype=None, out=None, *, keepdims=False, impl="auto"):  # noqa: A001
     """Sum over ``axis`` (None: all; int or tuple), NumPy semantics: int32 sums to int64,
     half types accumulate in float32 and return their own dtype unless ``dtype`` says."""
     return _reduce("sum", x, axis, dtype, out, keepdims, impl)
 
 
+@foreign_arrays()
 def max(x, axis=None, out=None, *, keepdims=False, impl="auto"):  # noqa: A001
     """Maximum over ``axis`` (None: all; int or tuple); NaN propagates as in NumPy."""
     return _reduce("max", x, axis, None, out, keepdims, impl)

@@ -2,6 +2,7 @@
 is moved last (one copy each way)."""
 import numpy as np
 
+from .._interop import foreign_arrays
 from .. import _arrays, _dtypes, _launch
 from .._kernels import KernelFile, template_name
 from . import _rows
@@ -57,6 +58,7 @@ def _fast_key(x, axis, impl):
         return None
 
 
+@foreign_arrays()
 def softmax(x, axis=-1, out=None, *, impl="auto"):
     """``exp(x - max) / sum(exp(x - max))`` along ``axis``; float32, float16, bfloat16 with
     float32 math. A row of all -inf gives NaN, as in NumPy."""

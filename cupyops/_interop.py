@@ -1,0 +1,290 @@
+"""Foreign arrays: PyTorch tensors, JAX arrays and any other producer of DLPack
+(``__dlpack__``) or of the CUDA array interface (``__cuda_array_interface__``) go into every
+operator without a copy and come back as the caller's type.
+
+``foreign_arrays`` wraps a public operator. A call whose arguments are all CuPy, NumPy or
+plain Python values goes straight through (one dict lookup per argument). Otherwise:
+
+- GPU arrays are seen as CuPy arrays (``cupy.from_dlpack``, or ``cupy.asarray`` of the CUDA
+  array interface: views, no copy, strides kept), the operator runs on them, and each
+  CuPy result is handed back in the framework of the first foreign argument: a torch
+  tensor on the same device (``torch.from_dlpack``), a JAX array (``jax.dlpack``); a
+  producer we do not know gets the CuPy array. An ``out=`` tensor is written in place and
+  returned as given.
+- For torch tensors on a GPU the work runs on torch's current stream of the tensor's
+  device (nothing synchronises), and everything the call allocates (outputs, scratch)
+  comes from torch's caching allocator on that stream, as torch's own operators' memory
+  does.
+- Tensors with ``requires_grad`` are read as detached: the results do not require grad
+  (cupyops has no backward).
+- float8 e4m3 torch tensors travel as their uint8 bits (DLPack has no float8 type in
+  CuPy); ``quantize_fp8`` gives torch callers ``torch.float8_e4m3fn`` values.
+- Host arrays (a CPU torch tensor, a CPU JAX array) take the NumPy path and come back as
+  the caller's type on the host.
+"""
+import contextlib
+import functools
+import warnings
+
+import numpy as np
+
+_PLAIN = "plain"  # CuPy, NumPy, Python values: the operators take them as they are
+_KINDS = {}  # type -> "plain", "torch", "jax", "dlpack", "cai"
+# The types classified plain, for the wrapper's fast test (a set lookup an argument: this
+# runs on every call of every operator, where decode-sized calls cost a few microseconds).
+_PLAIN_TYPES = {int, float, bool, str, type(None), tuple, list, np.ndarray}
+
+
+def kind_of(a):
+    """How an argument is handled: its type's classification, memoized."""
+    t = type(a)
+    k = _KINDS.get(t)
+    if k is None:
+        k = _KINDS[t] = _classify(t)
+        if k is _PLAIN:
+            _PLAIN_TYPES.add(t)
+    return k
+
+
+def _classify(t):
+    mod = getattr(t, "__module__", None) or ""
+    if mod.split(".", 1)[0] in ("cupy", "cupyx", "numpy", "builtins"):
+        return _PLAIN
+    root = mod.split(".", 1)[0]
+    if hasattr(t, "__dlpack__") and root == "torch":
+        return "torch"
+    if hasattr(t, "__dlpack__") and root in ("jax", "jaxlib"):
+        return "jax"
+    if hasattr(t, "__cuda_array_interface__"):
+        return "cai"
+    if hasattr(t, "__dlpack__") and hasattr(t, "__dlpack_device__"):
+        return "dlpack"
+    return _PLAIN
+
+
+def foreign_arrays(fp8_results=()):
+    """Decorator of a public operator (see the module docstring). ``fp8_results``: indices
+    of the results that hold float8 e4m3 bits (handed to torch as float8_e4m3fn)."""
+
+    def wrap(fn):
+        plain = _PLAIN_TYPES
+
+        @functools.wraps(fn)
+        def op(*args, **kwargs):
+            for a in args:
+                if type(a) not in plain:
+                    break
+            else:
+                for a in kwargs.values():
+                    if type(a) not in plain:
+                        break
+                else:
+                    return fn(*args, **kwargs)
+            # a type not seen yet, or a foreign array
+            if any(kind_of(a) is not _PLAIN for a in (*args, *kwargs.values())):
+                return _call(fn, args, kwargs, fp8_results)
+            return fn(*args, **kwargs)
+
+        return op
+
+    return wrap
+
+
+_DL_CUDA, _DL_CUDA_MANAGED, _DL_CPU = 2, 13, 1  # DLPack device types
+
+
+def _on_gpu(a, kind):
+    if kind == "cai":
+        return True
+    if kind == "torch":
+        return a.device.type == "cuda"
+    try:
+        return a.__dlpack_device__()[0] in (_DL_CUDA, _DL_CUDA_MANAGED)
+    except Exception:  # a producer without the device query: try the GPU path
+        return True
+
+
+def _call(fn, args, kwargs, fp8_results):
+    first = next(a for a in (*args, *kwargs.values()) if kind_of(a) is not _PLAIN)
+    kind = kind_of(first)
+    if not _on_gpu(first, kind):
+        return _host_call(fn, args, kwargs, first, kind, fp8_results)
+    from ._arrays import cupy_module
+
+    cp = cupy_module()
+    if kind == "torch":
+        with contextlib.ExitStack() as ctx:
+            _enter_torch(ctx, first.device, cp)
+            return _device_call(fn, args, kwargs, kind, fp8_results, cp)
+    return _device_call(fn, args, kwargs, kind, fp8_results, cp)
+
+
+def _device_call(fn, args, kwargs, kind, fp8_results, cp):
+    given = {}  # id(CuPy view) -> the caller's object, for results that are an argument (out=)
+
+    def to_cupy(a):
+        k = kind_of(a)
+        if k is _PLAIN:
+            return a
+        v = cp.asarray(a) if k == "cai" else cp.from_dlpack(_torch_exportable(a) if k == "torch" else a)
+        given[id(v)] = a
+        return v
+
+    cargs = tuple(to_cupy(a) for a in args)  # (kept alive, so their ids stay theirs)
+    ckwargs = {k: to_cupy(v) for k, v in kwargs.items()}
+    res = fn(*cargs, **ckwargs)
+
+    def back(i, r):
+        if id(r) in given:
+            return given[id(r)]
+        if not type(r).__module__.startswith("cupy"):
+            return r
+        if kind == "torch":
+            import torch
+
+            t = torch.from_dlpack(r)
+            return t.view(torch.float8_e4m3fn) if i in fp8_results else t
+        if kind == "jax":
+            import jax.dlpack
+
+            return jax.dlpack.from_dlpack(r)
+        return r
+
+    return _map_results(res, back)
+
+
+def _map_results(res, back):
+    if isinstance(res, tuple):
+        return tuple(back(i, r) for i, r in enumerate(res))
+    return back(0, res)
+
+
+def _torch_exportable(t):
+    """A tensor that DLPack exports for CuPy: detached, float8 seen as its uint8 bits."""
+    import torch
+
+    if t.requires_grad:
+        t = t.detach()
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        t = t.view(torch.uint8)
+    return t
+
+
+def _enter_torch(ctx, device, cp):
+    """Make torch's current stream of ``device`` CuPy's current stream (and the device
+    CuPy's current device), with CuPy allocating from torch's caching allocator on that
+    stream, until ``ctx`` (an ExitStack) closes."""
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = torch.cuda.current_stream(index).cuda_stream
+    ctx.enter_context(cp.cuda.Device(index))
+    ctx.enter_context(_external_stream(cp, stream, index))
+    ctx.enter_context(cp.cuda.using_allocator(_torch_allocator(index, stream)))
+
+
+_STREAMS = {}  # (stream pointer, device) -> cupy.cuda.ExternalStream
+
+
+def _external_stream(cp, ptr, device):
+    key = (ptr, device)
+    s = _STREAMS.get(key)
+    if s is None:
+        if len(_STREAMS) >= 64:  # programs that make a stream per request
+            _STREAMS.clear()
+        with warnings.catch_warnings():  # CuPy 14 prefers Stream.from_external (a __cuda_stream__
+            warnings.simplefilter("ignore", DeprecationWarning)  # object); this form is checked
+            s = _STREAMS[key] = cp.cuda.ExternalStream(ptr, device)
+    return s
+
+
+class _TorchBlock:
+    """A block of torch's caching allocator, given back when CuPy drops the memory."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __del__(self):
+        import torch
+
+        torch.cuda.caching_allocator_delete(self.ptr)
+
+
+def _torch_allocator(device, stream_ptr):
+    """CuPy allocator (size -> MemoryPointer) drawing from torch's caching allocator for
+    ``stream_ptr`` on ``device``: under ``torch.cuda.graph`` the memory comes from the
+    graph's pool, as torch's own operators' does."""
+    import cupy
+    import torch
+
+    def alloc(size):
+        ptr = torch.cuda.caching_allocator_alloc(max(int(size), 1), device, stream_ptr)
+        mem = cupy.cuda.UnownedMemory(ptr, size, _TorchBlock(ptr), device)
+        return cupy.cuda.MemoryPointer(mem, 0)
+
+    return alloc
+
+
+# ------------------------------------------------------------------ host arrays
+def _host_call(fn, args, kwargs, first, kind, fp8_results):
+    """Foreign host arrays: as NumPy in, NumPy out, handed back in the caller's type."""
+    given = {}
+
+    def to_numpy(a):
+        k = kind_of(a)
+        if k is _PLAIN:
+            return a
+        if k == "torch":
+            v = _torch_to_numpy(a)
+        else:
+            try:
+                v = np.from_dlpack(a)
+            except Exception:  # a dtype NumPy's DLPack does not know (bfloat16)
+                v = np.asarray(a)
+        given[id(v)] = a
+        return v
+
+    nargs = tuple(to_numpy(a) for a in args)
+    nkwargs = {k: to_numpy(v) for k, v in kwargs.items()}
+    res = fn(*nargs, **nkwargs)
+
+    def back(i, r):
+        if id(r) in given:
+            return given[id(r)]
+        if not isinstance(r, (np.ndarray, np.generic)):
+            return r
+        if kind == "torch":
+            return _numpy_to_torch(np.asarray(r), fp8=i in fp8_results)
+        if kind == "jax":
+            import jax.numpy as jnp
+
+            return jnp.asarray(r)
+        return r
+
+    return _map_results(res, back)
+
+
+def _torch_to_numpy(t):
+    """A CPU tensor's NumPy view (bfloat16 through its int16 bits, float8 as uint8)."""
+    import torch
+
+    t = _torch_exportable(t)
+    if t.dtype == torch.bfloat16:
+        from . import _dtypes
+
+        return t.view(torch.int16).numpy().view(_dtypes.to_dtype("bfloat16"))
+    return t.numpy()
+
+
+def _numpy_to_torch(a, fp8=False):
+    import torch
+
+    from . import _dtypes
+
+    a = a if a.flags.c_contiguous else a.copy()  # (not ascontiguousarray: it makes 0-d 1-d)
+    if _dtypes.dtype_name(a.dtype) == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    t = torch.from_numpy(a)
+    return t.view(torch.float8_e4m3fn) if fp8 else t
