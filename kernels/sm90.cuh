@@ -6,12 +6,14 @@
 //                      stage and the parity to wait for come from a running index `it`
 //                      (the it-th use of the ring), never from a hand-kept bitmask
 //   tensor copies      tma_load_3d (ptx.cuh: it serves the sm_90 mma feed too), its cluster
-//                      multicast form, and tensor stores from shared memory (bulk groups)
+//                      multicast form, tma_load_4d, and tensor stores from shared memory
+//                      (bulk groups)
 //   clusters           the block's rank, an arrival on another block's barrier
 //   wgmma              shared-memory matrix descriptors of 128-byte-swizzled tiles (both
 //                      operand majors), fence / commit_group / wait_group, m64nNk16 (N = 128,
-//                      192, 256) for f16 and bf16 with the transpose immediates, m64nNk32
-//                      for e4m3, fence_regs
+//                      192, 256) for f16 and bf16 with the transpose immediates, the same
+//                      with A in registers (N = 64, 128: attention's P @ V), m64nNk32 for
+//                      e4m3, fence_regs
 //   setmaxnreg         register reallocation between warpgroups
 //   named barriers     bar.sync on a subset of the block's warps
 //
@@ -131,6 +133,17 @@ __device__ __forceinline__ void tma_load_3d_multicast(unsigned dst, const TmaMap
         "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
         "[%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst),
         "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(cta_mask)
+        : "memory");
+}
+
+// tma_load_3d with a fourth coordinate (a 4-D map: attention's (head_dim, rows, heads,
+// batch)).
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaMap* map, int c0, int c1, int c2, int c3,
+                                            unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+        "%5}], [%6];" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
         : "memory");
 }
 
@@ -310,6 +323,63 @@ __device__ __forceinline__ void wgmma_m64nNk32_e4m3(float (&d)[N / 2], u64 da, u
 #undef CUOPS_WGMMA_M64N128
 #undef CUOPS_WGMMA_M64N192
 #undef CUOPS_WGMMA_M64N256
+
+// d[N / 2] (+)= A * B(desc) for a 64 x N x 16 step with A in registers (the "RS" form):
+// a[4] is the thread's A fragment, two 16-bit values a register, in the mma.sync m16n8k16 A
+// layout of its warp's 16 rows (a[0]: row l/4, columns 2(l%4) + {0, 1}; a[1]: row l/4 + 8;
+// a[2], a[3]: the same rows, columns + 8), which is the layout of the m64nNk16
+// accumulators of columns [16k, 16k + 16) rounded to 16 bits: an attention kernel's
+// softmax output P feeds P @ V without a trip through shared memory. Only B has a
+// transpose immediate in this form. (Generated: one macro per N.)
+#define CUOPS_WGMMA_RS_M64N64(KIND)                                                        \
+    asm volatile(                                                                            \
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %37, 0;\n\t"                            \
+        "wgmma.mma_async.sync.aligned.m64n64" KIND " "                                        \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"              \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),\
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),\
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),\
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(static_cast<int>(accumulate)), \
+          "n"(TRANS_B ? 1 : 0))
+
+#define CUOPS_WGMMA_RS_M64N128(KIND)                                                        \
+    asm volatile(                                                                            \
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %69, 0;\n\t"                            \
+        "wgmma.mma_async.sync.aligned.m64n128" KIND " "                                        \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+        "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, " \
+        "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+        "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"              \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),\
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),\
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),\
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),\
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),\
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),\
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),\
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(static_cast<int>(accumulate)), \
+          "n"(TRANS_B ? 1 : 0))
+
+template <int N, typename T, bool TRANS_B>
+__device__ __forceinline__ void wgmma_m64nNk16_rs(float (&d)[N / 2], const unsigned (&a)[4], u64 db,
+                                                  bool accumulate) {
+    static_assert(N == 64 || N == 128, "wgmma_m64nNk16_rs: N of 64 or 128");
+    constexpr bool F16 = IsF16<T>::value;
+    if constexpr (N == 64) {
+        if constexpr (F16) CUOPS_WGMMA_RS_M64N64("k16.f32.f16.f16");
+        else CUOPS_WGMMA_RS_M64N64("k16.f32.bf16.bf16");
+    } else {
+        if constexpr (F16) CUOPS_WGMMA_RS_M64N128("k16.f32.f16.f16");
+        else CUOPS_WGMMA_RS_M64N128("k16.f32.bf16.bf16");
+    }
+}
+#undef CUOPS_WGMMA_RS_M64N64
+#undef CUOPS_WGMMA_RS_M64N128
 
 // ------------------------------------------------------------------ registers, barriers
 // Register reallocation between warpgroups: every thread of the warpgroup executes it, and

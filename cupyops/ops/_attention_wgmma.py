@@ -1,0 +1,139 @@
+"""The Hopper FlashAttention rung of kernels/attention_wgmma.cu (sm_90a: wgmma + TMA, a
+producer and two consumer warpgroups), and its launcher (the launcher-module interface is
+described in _attention_problem.py).
+
+``attention_wgmma<T, D, BC, STAGES>``: one block per (128 query rows, query head, batch
+element), K/V tiles of BC keys through a STAGES-deep ring. ``config`` (see ``CONFIGS``)
+forces one; ``None`` takes the head_dim's first.
+
+Q, K and V are read through 4-D tensor maps (head_dim, rows, heads, batch) of their own
+strides, so any layout whose head_dim axis is contiguous runs without a copy, as long as
+a map can describe it: 16-byte aligned tensors with strides that are multiples of 16
+bytes (``supports`` says so otherwise).
+
+Not yet in the ladder: the module is compiled by the CPU tier and its kernels are
+checked against the reference by the GPU tier through ``launch``; it joins
+``attention.LAUNCHER_MODULES`` (and ``auto``) once those runs pass and it is measured.
+"""
+from .. import _dtypes, _launch, _tma
+from .._kernels import SPLIT_COMPILE, KernelFile, template_name
+
+VARIANTS = {
+    "flash_wgmma": "FlashAttention on Hopper (sm_90a): a TMA producer warpgroup and two wgmma consumer "
+    "warpgroups of 64 query rows, K/V tiles through an mbarrier ring, S = Q K^T from shared memory, "
+    "P V with P in registers (float16, bfloat16; head_dim 64, 128)",
+}
+DTYPES = {"flash_wgmma": ("float16", "bfloat16")}
+ARCH = "sm_90a"
+BR = 128  # query rows of a block
+THREADS = 384
+# head_dim -> {config: (BC, STAGES)}; the first is the default. A stage holds K and V tiles
+# of BC keys (2 * BC * D * 2 bytes) beside Q (128 * D * 2); 227 KB in all.
+CONFIGS = {64: {"c128s4": (128, 4), "c128s2": (128, 2)}, 128: {"c128s2": (128, 2), "c128s3": (128, 3)}}
+HEAD_DIMS = tuple(CONFIGS)
+_MAX_GRID_YZ = 65535
+
+
+def _name(dtype, hd, cfg):
+    bc, stages = CONFIGS[hd][cfg]
+    return template_name("attention_wgmma", _dtypes.cuda_type(dtype), hd, bc, stages)
+
+
+KERNELS = KernelFile("attention_wgmma.cu", [_name(dt, hd, c) for dt in DTYPES["flash_wgmma"] for hd in CONFIGS
+                                            for c in CONFIGS[hd]], options=SPLIT_COMPILE, arch=ARCH)
+KERNEL_FILES = [KERNELS]
+
+
+def smem_bytes(hd, cfg):
+    """Q, the ring of K and V tiles, the 1024-byte alignment, the ring's barriers and Q's."""
+    bc, stages = CONFIGS[hd][cfg]
+    return BR * hd * 2 + stages * 2 * bc * hd * 2 + _tma.SWIZZLE_ATOM_BYTES + 16 * stages + 8
+
+
+def map_spec(arr_ptr, strides, rows, heads, batch, hd, box_rows):
+    """(dims, byte strides, box) of the 4-D tensor map of one operand of element
+    ``strides`` (batch, row, head), or None where a map cannot describe it. An axis of
+    extent 1 is never stepped: its stride is replaced by a describable one."""
+    sb, ss, sh = strides
+    dims = (hd, rows, heads, batch)
+    byte = [2 * ss, 2 * sh, 2 * sb]
+    fill = 16 * -(-(2 * hd * max(rows, 1)) // 16)  # any multiple of 16 bytes will do for an unstepped axis
+    for i, extent in enumerate(dims[1:]):
+        if extent == 1:
+            byte[i] = fill
+    if not _tma.describable(arr_ptr, *byte):
+        return None
+    return dims, tuple(byte), (64, box_rows, 1, 1)
+
+
+def _specs(p, cfg):
+    bc = CONFIGS[p.D][cfg][0]
+    return [map_spec(p.Q.data.ptr, p.q_strides, p.Sq, p.Hq, p.B, p.D, 64),
+            map_spec(p.K.data.ptr, p.k_strides, p.Skv, p.Hkv, p.B, p.D, bc),
+            map_spec(p.V.data.ptr, p.v_strides, p.Skv, p.Hkv, p.B, p.D, 64)]
+
+
+def supports(impl, p, config=None):
+    """None when ``flash_wgmma`` can run ``p``, else the reason (naming the argument)."""
+    if impl != "flash_wgmma":
+        return f"impl: unknown attention_wgmma rung {impl!r}; expected flash_wgmma"
+    reason = _shape_reason(p)
+    if reason is None and not p.aligned16():
+        reason = "q: flash_wgmma needs 16-byte aligned rows in q, k, v and out (pointers and strides)"
+    if reason is None and None in _specs(p, config or next(iter(CONFIGS[p.D]))):
+        reason = "q: flash_wgmma needs q, k and v describable by tensor maps (strides multiples of 16 bytes)"
+    return reason
+
+
+def _shape_reason(p):
+    if p.dtype not in DTYPES["flash_wgmma"]:
+        return f"q: flash_wgmma supports {', '.join(DTYPES['flash_wgmma'])}, got {p.dtype}"
+    if p.D not in CONFIGS:
+        return f"head_dim: flash_wgmma supports {', '.join(map(str, HEAD_DIMS))}, got {p.D}"
+    if p.Hq > _MAX_GRID_YZ or p.B > _MAX_GRID_YZ:
+        return f"q: flash_wgmma supports at most {_MAX_GRID_YZ} query heads and batch elements, got {p.Hq}, {p.B}"
+    if not p.scale > 0:  # the running max is taken on raw scores (scale folded into exp2)
+        return f"scale: flash_wgmma needs a positive scale, got {p.scale}"
+    return None
+
+
+def plan(p, config=None):
+    """The ``_launch.Launch`` for ``p`` (a plain function of numbers: the CPU tier checks
+    it)."""
+    reason = _shape_reason(p)
+    if reason:
+        raise ValueError(reason)
+    cfgs = CONFIGS[p.D]
+    cfg = config or next(iter(cfgs))
+    if cfg not in cfgs:
+        raise ValueError(f"config: {cfg!r} is not a flash_wgmma configuration for head_dim {p.D}; "
+                         f"expected one of: {', '.join(cfgs)}")
+    grid = (_launch.cdiv(p.Sq, BR), p.Hq, p.B)
+    return _launch.Launch(KERNELS, _name(p.dtype, p.D, cfg), grid, (THREADS,), smem_bytes(p.D, cfg),
+                          "attention impl='flash_wgmma'")
+
+
+def runs_here(props):
+    return KERNELS.runs_on(props.cc) and _tma.available()
+
+
+def launch(impl, p, config=None):
+    """Run ``flash_wgmma`` on problem ``p`` on CuPy's current stream."""
+    if p.B == 0 or p.Hq == 0 or p.Sq == 0:
+        return
+    props = _launch.device_props()
+    if not runs_here(props):
+        raise ValueError(f"impl: 'flash_wgmma' needs a compute-capability 9.0 GPU (H100, H200) and a driver with "
+                         f"tensor maps; this is {props.name} (sm_{props.cc})")
+    reason = supports(impl, p, config)
+    if reason:
+        raise ValueError(reason)
+    cfg = config or next(iter(CONFIGS[p.D]))
+    maps = []
+    for arr, name, (dims, strides, box) in zip((p.Q, p.K, p.V), "qkv", _specs(p, cfg)):
+        m = _tma.encode_tiled(arr.data.ptr, dims, strides, box)
+        if m is None:
+            raise RuntimeError(f"attention: the driver refused the tensor map of {name} (dims {dims}, byte strides "
+                               f"{strides}, box {box})")
+        maps.append(m)
+    plan(p, cfg)(p.args() + tuple(maps))

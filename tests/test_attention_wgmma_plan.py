@@ -1,0 +1,69 @@
+"""CPU tier for the Hopper attention launcher (cupyops/ops/_attention_wgmma.py): what it
+refuses and why, the tensor maps it describes for each layout, and that every plan names
+a compiled kernel with a legal grid and shared memory that fits."""
+import types
+
+import numpy as np
+import pytest
+
+from cupyops.ops import _attention_wgmma as W
+from cupyops.ops._attention_problem import AttentionProblem
+
+SMEM_OPTIN = 227 * 1024  # H100/H200 per-block opt-in
+
+
+def _array(ptr=0, dtype=np.float16):
+    return types.SimpleNamespace(data=types.SimpleNamespace(ptr=ptr), dtype=np.dtype(dtype))
+
+
+def _problem(dtype="bfloat16", B=2, Hq=8, Hkv=2, Sq=300, Skv=700, D=128, scale=0.1, ptr=0, stride=None):
+    dt = np.float16 if dtype != "float32" else np.float32
+    arrays = [_array(ptr, dt) for _ in range(4)]
+    s = stride if stride is not None else (Sq * Hq * D, Hq * D, D)
+    return AttentionProblem(dtype, B, Hq, Hkv, Sq, Skv, D, *arrays, None, s, s, s, s, scale, True, Skv - Sq)
+
+
+@pytest.mark.parametrize("kw, prefix", [
+    ({"dtype": "float32"}, "q: flash_wgmma supports float16, bfloat16"),
+    ({"D": 80}, "head_dim: flash_wgmma supports 64, 128"),
+    ({"D": 256}, "head_dim: flash_wgmma supports 64, 128"),
+    ({"scale": 0.0}, "scale: flash_wgmma needs a positive scale"),
+    ({"B": 70000}, "q: flash_wgmma supports at most 65535"),
+    ({"ptr": 8}, "q: flash_wgmma needs 16-byte aligned rows"),
+    ({"stride": (1000, 132, 4)}, "q: flash_wgmma needs 16-byte aligned rows"),
+])
+def test_supports_names_the_argument(kw, prefix):
+    reason = W.supports("flash_wgmma", _problem(**kw))
+    assert reason is not None and reason.startswith(prefix), reason
+    assert W.supports("flash_wgmma", _problem()) is None
+    assert W.supports("flash", _problem()).startswith("impl: unknown attention_wgmma rung")
+
+
+@pytest.mark.parametrize("D", W.HEAD_DIMS)
+def test_plans(D):
+    p = _problem(D=D, Sq=300, Hq=8, B=2)
+    for cfg, (bc, stages) in W.CONFIGS[D].items():
+        pl = W.plan(p, cfg)
+        assert pl.name in W.KERNELS.name_expressions
+        assert pl.name == f"attention_wgmma<__nv_bfloat16, {D}, {bc}, {stages}>"
+        assert pl.grid == (3, 8, 2) and pl.block == (384,) and pl.cluster == 1
+        assert pl.smem == 128 * D * 2 + stages * 2 * bc * D * 2 + 1024 + 16 * stages + 8 <= SMEM_OPTIN
+    assert W.plan(p).name == W.plan(p, next(iter(W.CONFIGS[D]))).name
+    with pytest.raises(ValueError, match="config"):
+        W.plan(p, "c64s9")
+    assert W.KERNELS.arch == "sm_90a" and W.KERNELS.runs_on(90) and not W.KERNELS.runs_on(80)
+
+
+def test_tensor_maps_describe_both_layouts():
+    B, S, H, D = 2, 300, 8, 128
+    # bshd: element strides (batch, seq, head) = (S*H*D, H*D, D)
+    dims, strides, box = W.map_spec(1 << 20, (S * H * D, H * D, D), S, H, B, D, 64)
+    assert dims == (D, S, H, B) and strides == (2 * H * D, 2 * D, 2 * S * H * D) and box == (64, 64, 1, 1)
+    # bhsd: (H*S*D, D, S*D)
+    dims, strides, box = W.map_spec(1 << 20, (H * S * D, D, S * D), S, H, B, D, 128)
+    assert strides == (2 * D, 2 * S * D, 2 * H * S * D) and box == (64, 128, 1, 1)
+    # extent-1 axes are never stepped: their strides (0 in the problem) become describable ones
+    dims, strides, _ = W.map_spec(1 << 20, (0, H * D, 0), S, 1, 1, D, 64)
+    assert all(s > 0 and s % 16 == 0 for s in strides)
+    assert W.map_spec((1 << 20) + 2, (S * H * D, H * D, D), S, H, B, D, 64) is None  # misaligned start
+    assert W.map_spec(1 << 20, (S * H * D, H * D + 4, D), S, H, B, D, 64) is None  # row stride of 8 bytes more

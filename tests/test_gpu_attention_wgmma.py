@@ -1,0 +1,63 @@
+"""GPU tier for the Hopper attention rung (cupyops/ops/_attention_wgmma.py), before it joins
+the ladder: each test registers it with the operator for its own duration, then checks
+cupyops.attention(impl="flash_wgmma") against the float64 reference as the ladder's
+tests do (test_gpu_attention.run_case: out= poisoned with NaN, LSE, rows that see no key,
+both layouts, GQA, both causal alignments, edges in both lengths)."""
+import pytest
+
+from cupyops.ops import _attention_wgmma, attention
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def rung(monkeypatch):
+    import cupy
+
+    if cupy.cuda.Device().compute_capability != "90":
+        pytest.skip("flash_wgmma runs on sm_90")
+    monkeypatch.setitem(attention._LAUNCHERS, "flash_wgmma", _attention_wgmma)
+    monkeypatch.setitem(attention.LADDER, "flash_wgmma", _attention_wgmma.VARIANTS["flash_wgmma"])
+    return "flash_wgmma"
+
+
+CASES = [  # (B, Sq, Skv, Hq, Hkv, D, causal, align, layout)
+    (1, 1, 1, 1, 1, 64, False, "top_left", "bshd"),
+    (2, 77, 130, 4, 2, 64, False, "top_left", "bshd"),
+    (2, 130, 77, 4, 1, 128, True, "top_left", "bshd"),
+    (1, 300, 300, 8, 2, 128, True, "bottom_right", "bhsd"),
+    (1, 129, 600, 2, 2, 64, True, "bottom_right", "bshd"),
+    (1, 600, 129, 2, 2, 128, True, "bottom_right", "bhsd"),  # rows that see no key
+    (2, 256, 256, 2, 2, 128, False, "top_left", "bhsd"),
+    (1, 1024, 1024, 4, 4, 128, True, "top_left", "bshd"),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}xSq{}xSkv{}xH{}/{}xD{}{}".format(
+    *c[:6], f"-causal-{c[7]}" if c[6] else ""))
+def test_matches_reference(rung, dtype, case):
+    from test_gpu_attention import run_case
+
+    B, Sq, Skv, Hq, Hkv, D, causal, align, layout = case
+    assert run_case(rung, dtype, B, Sq, Skv, Hq, Hkv, D, causal=causal, align=align, layout=layout)
+
+
+@pytest.mark.parametrize("D", _attention_wgmma.HEAD_DIMS)
+def test_every_config(rung, D, monkeypatch):
+    from test_gpu_attention import run_case
+
+    for cfg in _attention_wgmma.CONFIGS[D]:
+        real = _attention_wgmma.launch
+        monkeypatch.setattr(_attention_wgmma, "launch", lambda impl, p, config=None, _c=cfg: real(impl, p, _c))
+        assert run_case(rung, "bfloat16", 1, 200, 333, 4, 2, D, causal=True, align="bottom_right", big=True)
+        monkeypatch.setattr(_attention_wgmma, "launch", real)
+
+
+def test_strided_views_and_large_scores(rung):
+    from test_gpu_attention import run_case
+
+    for view in ("padded", "heads"):  # rows or heads further apart: the tensor maps take the strides
+        assert run_case(rung, "float16", 2, 100, 200, 4, 2, 64, view=view)
+    assert not run_case(rung, "float16", 1, 100, 200, 2, 1, 64, view="offset")  # misaligned: refused
+    assert run_case(rung, "float16", 1, 100, 200, 2, 1, 128, big=True)  # scores of magnitude ~300
