@@ -1,26 +1,15 @@
 """CPU tier for the Hopper attention launcher (cupyops/ops/_attention_wgmma.py): what it
 refuses and why, the tensor maps it describes for each layout, and that every plan names
 a compiled kernel with a legal grid and shared memory that fits."""
-import types
-
-import numpy as np
 import pytest
 
 from cupyops.ops import _attention_wgmma as W
-from cupyops.ops._attention_problem import AttentionProblem
+from attention_stubs import problem
 
 SMEM_OPTIN = 227 * 1024  # H100/H200 per-block opt-in
 
 
-def _array(ptr=0, dtype=np.float16):
-    return types.SimpleNamespace(data=types.SimpleNamespace(ptr=ptr), dtype=np.dtype(dtype))
-
-
-def _problem(dtype="bfloat16", B=2, Hq=8, Hkv=2, Sq=300, Skv=700, D=128, scale=0.1, ptr=0, stride=None):
-    dt = np.float16 if dtype != "float32" else np.float32
-    arrays = [_array(ptr, dt) for _ in range(4)]
-    s = stride if stride is not None else (Sq * Hq * D, Hq * D, D)
-    return AttentionProblem(dtype, B, Hq, Hkv, Sq, Skv, D, *arrays, None, s, s, s, s, scale, True, Skv - Sq)
+_problem = problem
 
 
 @pytest.mark.parametrize("kw, prefix", [

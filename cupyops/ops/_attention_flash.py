@@ -12,6 +12,7 @@ tier fails on any spill.
 """
 from .. import _dtypes, _launch
 from .._kernels import KernelFile, template_name
+from ._attention_problem import tensor_core_reason
 
 VARIANTS = {
     "flash": "FlashAttention-2 on tensor cores: mma.sync for Q K^T and P V with P kept in "
@@ -33,7 +34,6 @@ CONFIGS = {
     128: dict(_cfg(*c) for c in [(2, 64, 64, 4, 2, False), (2, 32, 32, 4, 4, False), (1, 64, 64, 8, 2, True)]),
 }
 HEAD_DIMS = tuple(CONFIGS)
-_MAX_GRID_YZ = 65535
 
 
 def _name(dtype, hd, cfg):
@@ -63,15 +63,7 @@ def supports(impl, p):
 
 
 def _shape_reason(p):
-    if p.dtype not in DTYPES["flash"]:
-        return f"q: flash supports {', '.join(DTYPES['flash'])}, got {p.dtype}"
-    if p.D not in CONFIGS:
-        return f"head_dim: flash supports {', '.join(map(str, HEAD_DIMS))}, got {p.D}"
-    if p.Hq > _MAX_GRID_YZ or p.B > _MAX_GRID_YZ:  # one block row per head and batch element
-        return f"q: flash supports at most {_MAX_GRID_YZ} query heads and batch elements, got {p.Hq}, {p.B}"
-    if not p.scale > 0:  # the running max is taken on raw scores (scale folded into exp2)
-        return f"scale: flash needs a positive scale, got {p.scale}"
-    return None
+    return tensor_core_reason(p, "flash", DTYPES["flash"], HEAD_DIMS)
 
 
 def smem_bytes(hd, cfg):

@@ -88,3 +88,21 @@ class AttentionProblem:
             if arr.data.ptr % 16 or any((s * item) % 16 for s in strides) or (self.D * item) % 16:
                 return False
         return True
+
+
+MAX_GRID_YZ = 65535  # one block row per query head, one block plane per batch element
+
+
+def tensor_core_reason(p, rung, dtypes, head_dims):
+    """Why a tensor-core rung (``flash``, ``flash_wgmma``: 16-bit types, a few head_dims,
+    a grid of (query tiles, heads, batch), the scale folded into exp2 of raw-score maxima)
+    cannot take problem ``p``, naming the argument; None when it can."""
+    if p.dtype not in dtypes:
+        return f"q: {rung} supports {', '.join(dtypes)}, got {p.dtype}"
+    if p.D not in head_dims:
+        return f"head_dim: {rung} supports {', '.join(map(str, head_dims))}, got {p.D}"
+    if p.Hq > MAX_GRID_YZ or p.B > MAX_GRID_YZ:
+        return f"q: {rung} supports at most {MAX_GRID_YZ} query heads and batch elements, got {p.Hq}, {p.B}"
+    if not p.scale > 0:  # the running max is taken on raw scores (scale folded into exp2)
+        return f"scale: {rung} needs a positive scale, got {p.scale}"
+    return None

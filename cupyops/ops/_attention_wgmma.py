@@ -17,6 +17,7 @@ checked against the reference by the GPU tier through ``launch``; it joins
 """
 from .. import _dtypes, _launch, _tma
 from .._kernels import SPLIT_COMPILE, KernelFile, template_name
+from ._attention_problem import tensor_core_reason
 
 VARIANTS = {
     "flash_wgmma": "FlashAttention on Hopper (sm_90a): a TMA producer warpgroup and two wgmma consumer "
@@ -31,7 +32,6 @@ THREADS = 384
 # of BC keys (2 * BC * D * 2 bytes) beside Q (128 * D * 2); 227 KB in all.
 CONFIGS = {64: {"c128s4": (128, 4), "c128s2": (128, 2)}, 128: {"c128s2": (128, 2), "c128s3": (128, 3)}}
 HEAD_DIMS = tuple(CONFIGS)
-_MAX_GRID_YZ = 65535
 
 
 def _name(dtype, hd, cfg):
@@ -86,15 +86,7 @@ def supports(impl, p, config=None):
 
 
 def _shape_reason(p):
-    if p.dtype not in DTYPES["flash_wgmma"]:
-        return f"q: flash_wgmma supports {', '.join(DTYPES['flash_wgmma'])}, got {p.dtype}"
-    if p.D not in CONFIGS:
-        return f"head_dim: flash_wgmma supports {', '.join(map(str, HEAD_DIMS))}, got {p.D}"
-    if p.Hq > _MAX_GRID_YZ or p.B > _MAX_GRID_YZ:
-        return f"q: flash_wgmma supports at most {_MAX_GRID_YZ} query heads and batch elements, got {p.Hq}, {p.B}"
-    if not p.scale > 0:  # the running max is taken on raw scores (scale folded into exp2)
-        return f"scale: flash_wgmma needs a positive scale, got {p.scale}"
-    return None
+    return tensor_core_reason(p, "flash_wgmma", DTYPES["flash_wgmma"], HEAD_DIMS)
 
 
 def plan(p, config=None):
