@@ -1,7 +1,8 @@
 # %% [markdown]
 # # Walking the attention ladder
 #
-# Open this as a notebook (Jupyter / VS Code read the `# %%` cells) on a machine with a GPU.
+# Open `examples/attention_ladder.ipynb` (or this file, in Jupyter with jupytext or VS Code) on a
+# machine with a GPU.
 # Causal attention over S tokens does 2 * S * (S + 1) * head_dim flops per head and moves
 # only O(S * head_dim) bytes, so it is the tensor cores, not memory, that set the floor.
 # Each rung of `cupyops.variants("attention")` removes a reason for missing it: the

@@ -1,7 +1,8 @@
 # %% [markdown]
 # # Walking the softmax ladder
 #
-# Open this as a notebook (Jupyter / VS Code read the `# %%` cells) on a machine with a GPU.
+# Open `examples/softmax_ladder.ipynb` (or this file, in Jupyter with jupytext or VS Code) on a
+# machine with a GPU.
 # Softmax of a (rows, n) array must read x once and write y once: that is the floor. Each
 # rung of `cupyops.variants("softmax")` removes a reason for missing it.
 
