@@ -1,10 +1,11 @@
-"""Tile-configuration sweep for the tensor-core attention rung: every ``config`` of
-cupyops/ops/_attention_flash.py CONFIGS on the issue's acceptance shapes, validated on
+"""Tile-configuration sweep for the tensor-core attention rungs: every ``config`` of
+cupyops/ops/_attention_flash.py and _attention_wgmma.py CONFIGS (``--rungs``; flash_wgmma,
+the Hopper rung, before it is in the ladder too) on the issue's acceptance shapes, validated on
 sampled query rows against a float64 computation, then timed (CUDA events, L2 flushed,
 median) side by side with PyTorch SDPA's flash and cuDNN backends on the same data. The
 default configuration of each head_dim is chosen from this.
 
-    python benchmarks/attention_sweep.py [--json PATH] [--dtypes float16,bfloat16]
+    python benchmarks/attention_sweep.py [--json PATH] [--dtypes float16,bfloat16] [--rungs flash,flash_wgmma]
 Prints one line per run: dtype shape causal config ms TFLOP/s ratio-to-SDPA-flash ratio-to-cuDNN.
 """
 import argparse
@@ -14,7 +15,7 @@ import cupy as cp
 import numpy as np
 
 from cupyops.bench.timing import L2Flusher, time_gpu
-from cupyops.ops import _attention_flash as F
+from cupyops.ops import _attention_flash, _attention_wgmma
 from cupyops.ops._attention_problem import AttentionProblem
 
 # (B, Hq, Hkv, S, D, causal)
@@ -48,7 +49,13 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--rungs", default="flash", help="flash, flash_wgmma (sm_90)")
     args = ap.parse_args()
+    launchers = {"flash": _attention_flash, "flash_wgmma": _attention_wgmma}
+    rungs = args.rungs.split(",")
+    for impl in rungs:
+        if impl not in launchers:
+            raise SystemExit(f"--rungs: unknown rung {impl!r}; expected one of {', '.join(launchers)}")
     try:
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -86,21 +93,24 @@ def main():
             for label, ms in base.items():
                 print(f"sdpa-{label:6s} {dt:9s} {shape:28s} causal={causal!s:5s} {'':9s} {ms:8.3f} ms "
                       f"{fl / ms / 1e9:6.1f} TFLOP/s", flush=True)
-            for cfg in F.CONFIGS[D]:
-                o.fill(np.nan)
-                F.launch("flash", p, cfg)
-                got = o[0][rows][:, heads].get().astype(np.float64)
-                err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-                if not err <= 2e-2:
-                    print(f"  WRONG flash {dt} {shape} causal={causal} {cfg}: rel error {err:.3g}", flush=True)
-                    continue
-                ms = time_gpu(lambda: F.launch("flash", p, cfg), repeats=args.repeats, warmup=2, flush=flush).median_ms
-                ratios = {k2: b / ms for k2, b in base.items()}
-                results.append({"dtype": dt, "shape": [B, Hq, Hkv, S, D], "causal": causal, "config": cfg,
-                                "ms": ms, "tflops": fl / ms / 1e9, "err": err, "vs": ratios})
-                print(f"flash       {dt:9s} {shape:28s} causal={causal!s:5s} {cfg:9s} {ms:8.3f} ms "
-                      f"{fl / ms / 1e9:6.1f} TFLOP/s  vs flash {ratios.get('flash', float('nan')):5.2f}x  "
-                      f"vs cudnn {ratios.get('cudnn', float('nan')):5.2f}x  err {err:.1e}", flush=True)
+            for impl in rungs:
+                mod = launchers[impl]
+                for cfg in mod.CONFIGS[D]:
+                    o.fill(np.nan)
+                    mod.launch(impl, p, cfg)
+                    got = o[0][rows][:, heads].get().astype(np.float64)
+                    err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+                    if not err <= 2e-2:
+                        print(f"  WRONG {impl} {dt} {shape} causal={causal} {cfg}: rel error {err:.3g}", flush=True)
+                        continue
+                    ms = time_gpu(lambda: mod.launch(impl, p, cfg), repeats=args.repeats, warmup=2,
+                                  flush=flush).median_ms
+                    ratios = {k2: b / ms for k2, b in base.items()}
+                    results.append({"impl": impl, "dtype": dt, "shape": [B, Hq, Hkv, S, D], "causal": causal,
+                                    "config": cfg, "ms": ms, "tflops": fl / ms / 1e9, "err": err, "vs": ratios})
+                    print(f"{impl:11s} {dt:9s} {shape:28s} causal={causal!s:5s} {cfg:9s} {ms:8.3f} ms "
+                          f"{fl / ms / 1e9:6.1f} TFLOP/s  vs flash {ratios.get('flash', float('nan')):5.2f}x  "
+                          f"vs cudnn {ratios.get('cudnn', float('nan')):5.2f}x  err {err:.1e}", flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=0)
