@@ -210,6 +210,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 #pragma unroll
             for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 
+        // the rescale of o and the packing of pa stay above the fence
+        fence_regs(o);
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk)
@@ -218,6 +222,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(o);
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);  // (read by the wgmmas until here)
         if (leader) pipe.consumer_release(j);
     }
 
@@ -229,7 +235,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         lt += __shfl_xor_sync(0xffffffffu, lt, 2);
         const int i = row[hh];
         if (i >= Sq) continue;
-        const float inv = lt > 0.f ? 1.f / lt : 0.f;
+        const float inv = lt > 0.f ? __frcp_rn(lt) : 0.f;
         T* orow = O + b * o_sb + static_cast<i64>(i) * o_ss + h * o_sh;
 #pragma unroll
         for (int c = 0; c < HD / 8; ++c) {

@@ -208,6 +208,14 @@ template <int R> __device__ __forceinline__ void fence_regs(float (&d)[R]) {
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// The same for register A fragments (packed 16-bit pairs). Called before wgmma_fence() it
+// also keeps the writes that made them (and, with the float form, a rescale of the
+// accumulators) above the fence, which the PTX ISA asks for: wgmma.fence must separate
+// other accesses to a wgmma's registers from the wgmma.
+template <int R> __device__ __forceinline__ void fence_regs(unsigned (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
 
 // d[N / 2] (+)= A(desc) * B(desc), a 64 x N step. KIND is the rest of the instruction's
 // name ("k16.f32.bf16.bf16", "k32.f32.e4m3.e4m3"); after the N / 2 accumulators come the
