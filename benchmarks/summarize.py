@@ -28,13 +28,13 @@ def main(*paths):
         by_case.setdefault(key, {})[r["impl"]] = r
     print(f"Device: {d['device']}; copy bandwidth {d['copy_bandwidth_GBps']:.0f} GB/s (read + write) "
           f"measured in the same run; {d.get('date', '')}.\n")
-    if any(k[0] not in ("matmul", "attention") for k in by_case):
+    if any(k[0] not in ("matmul", "scaled_matmul", "attention") for k in by_case):
         print("| op | axis | dtype | shape | auto ms | auto GB/s | % copy BW | % same-bytes copy "
               "| target | vs torch | vs cupy |")
         print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     misses = []
     for (op, axis, dt, shape, _, _), impls in by_case.items():
-        if op in ("matmul", "attention"):
+        if op in ("matmul", "scaled_matmul", "attention"):
             continue
         a = impls.get("auto")
         if a is None or a["status"] != "ok":
@@ -67,6 +67,7 @@ def main(*paths):
         print(f"| {op} | {ax} | {dt} | {shape} | {a['ms']:.4f} | {a['gbps']:.0f} | {pct} | {same_s} | "
               f"{'' if tgt is None else f'{tgt:.0f}'} | {ratios[0]} | {ratios[1]} |")
     misses += gemm_table(by_case)
+    misses += scaled_matmul_table(by_case)
     misses += attention_tables(by_case)
     hov = d.get("host_overhead_us", {})
     if hov:
@@ -166,6 +167,28 @@ def gemm_table(by_case):
               f"({fp16_mma['float16']:.0f} TFLOP/s), matmul(a, b) layout{flag}")
         if r < 1.5:
             misses.append("matmul int8 mma vs float16 mma 8192^3")
+    return misses
+
+
+def scaled_matmul_table(by_case):
+    """The FP8 cases (issue 16): auto and wgmma_ws against torch._scaled_mm, target 1.0x for
+    both. Returns the misses."""
+    cases = [(k, v) for k, v in by_case.items() if k[0] == "scaled_matmul"]
+    if not cases:
+        return []
+    print("\n| MxNxK | auto ms | auto TFLOP/s | auto vs torch | wgmma_ws TFLOP/s | wgmma_ws vs torch | "
+          "torch TFLOP/s | target |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    misses = []
+    for (_, _, dt, shape, _, lay), impls in cases:
+        a, w, tor = impls.get("auto"), impls.get("wgmma_ws"), impls.get("torch")
+        if a is None or a["status"] != "ok":
+            continue
+        ra, rw = _ratio(a, tor), _ratio(w, tor)
+        bad = [name for name, r in (("auto", ra), ("wgmma_ws", rw)) if r is not None and r < 1.0]
+        misses += [f"scaled_matmul {name} {shape}" for name in bad]
+        print(f"| {shape} | {a['ms']:.4f} | {a['tflops']:.1f} | {_x(ra)} | {_num(w, 'tflops', '.1f')} | {_x(rw)} | "
+              f"{_num(tor, 'tflops', '.1f')} | 1.00{' **miss**' if bad else ''} |")
     return misses
 
 

@@ -22,6 +22,7 @@ VARIANTS = {
     "layer_norm": ["twopass", "welford", "fused"],
     "rms_norm": ["twopass", "fused"],
     "matmul": ["naive", "tiled", "regblock", "pipelined", "wmma", "mma", "skinny"],
+    "scaled_matmul": ["wgmma_ws"],
     "attention": ["naive", "tiled", "flash_v1", "flash", "decode"],
 }
 
@@ -52,8 +53,9 @@ def test_parse_ops_default_aliases_and_error():
 def test_parse_dtypes_aliases_and_errors():
     assert cases.parse_dtypes(["bf16,fp16", "float32"]) == ("bfloat16", "float16", "float32")
     assert cases.parse_dtypes(None) is None
-    with pytest.raises(ValueError, match=r"--dtype: unknown dtype 'float8'"):
-        cases.parse_dtypes(["float8"])
+    with pytest.raises(ValueError, match=r"--dtype: unknown dtype 'float4'"):
+        cases.parse_dtypes(["float4"])
+    assert cases.parse_dtypes(["e4m3,fp8,float8"]) == ("float8_e4m3",)
     with pytest.raises(ValueError, match=r"--dtype: int32 is not supported by softmax"):
         cases.parse_dtypes(["int32"], ops=("softmax",))
     assert cases.parse_dtypes(["int32"], ops=("softmax", "sum")) == ("int32",)
@@ -100,8 +102,9 @@ def test_full_suite_is_the_acceptance_set():
     assert {((4096, 4096, 4096), d) for d in ("float32", "float16", "bfloat16", "int8")} <= gemms
     assert {((8192, 8192, 8192), d) for d in ("float32", "float16", "bfloat16", "int8")} <= gemms
     # matmul: the GEMM issue's 6 shapes x 4 dtypes in nn, and 22 Hopper cases (see
-    # test_full_suite_matmul_cases); + the attention acceptance set
-    assert len(cs) == 1 + 5 * 9 + 9 + 6 * 4 + 22 + 14
+    # test_full_suite_matmul_cases); scaled_matmul: 5 (test_scaled_matmul_cases); + the
+    # attention acceptance set
+    assert len(cs) == 1 + 5 * 9 + 9 + 6 * 4 + 22 + 5 + 14
     assert cases.suite_ops("full") == cases.OPS
 
 
@@ -212,7 +215,7 @@ def test_plan_from_the_command_line():
 
 @pytest.mark.parametrize("argv,msg", [
     (["--op", "conv"], "unknown op"),
-    (["--dtype", "float8"], "unknown dtype"),
+    (["--dtype", "float4"], "unknown dtype"),
     (["--shape", "16384by8192"], "cannot parse"),
     (["--op", "softmax", "--impl", "turbo"], "unknown impl"),
     (["--op", "softmax", "--dtype", "int64"], "not supported"),
@@ -1046,7 +1049,7 @@ def test_parse_layouts():
 @pytest.mark.parametrize("argv,msg", [
     (["--op", "matmul", "--layout", "tn"], "--layout: unknown layout 'tn'"),
     (["--op", "matmul", "--layout", "nt,bogus"], "--layout: unknown layout 'bogus'"),
-    (["--op", "softmax", "--layout", "nt"], "--layout: applies to matmul only"),
+    (["--op", "softmax", "--layout", "nt"], "--layout: applies to matmul and scaled_matmul only"),
     (["--op", "matmul", "--layout", "nt"], "--layout: the quick suite runs matmul in nn only, not nt"),
     (["--layout", "nt"], "--layout: the quick suite runs matmul in nn only"),
     (["--op", "matmul", "--shape", "64x64", "--layout", "nt"], "--shape: matmul takes MxNxK"),
@@ -1345,3 +1348,28 @@ def test_run_case_rows_for_an_nt_matmul(monkeypatch):
 def test_bench_modules_do_not_import_cupy():
     assert "cupy" not in sys.modules
     assert "torch" not in sys.modules
+
+
+def test_scaled_matmul_cases():
+    from cupyops import reference
+
+    # the FP8 issue's acceptance set, as torch._scaled_mm takes it (x @ w.T): the squares and
+    # the 4096-token Llama-3-8B projections, e4m3 -> bfloat16
+    full = [c for c in cases.expand_cases(["scaled_matmul"], "full")]
+    assert {c.shape for c in full} == {(4096, 4096, 4096), (8192, 8192, 8192), (4096, 6144, 4096),
+                                        (4096, 28672, 4096), (4096, 4096, 14336)}
+    assert len(full) == 5 and all(c.dtype == "float8_e4m3" and c.layout == "nt" for c in full)
+    c = full[0]
+    M, N, K = c.shape
+    assert cases.bytes_moved(c) == M * K + K * N + 2 * M * N and cases.flops(c) == 2 * M * N * K
+    assert cases.tolerance(c, reference.TOLERANCE) == reference.TOLERANCE["scaled_matmul"]["bfloat16"]
+    assert [c.shape for c in cases.expand_cases(cases.parse_ops(["fp8"]), "quick")] == [(4096, 4096, 4096)]
+    assert [str(c) for c in cases.expand_cases(["scaled_matmul"], "quick", shapes=[(64, 128, 256)])] == [
+        "scaled_matmul float8_e4m3 64x128x256 nt"]
+    with pytest.raises(ValueError, match="nt only"):
+        cases.Case("scaled_matmul", "float8_e4m3", (64, 128, 256), None, layout="nn")
+    plan, _ = plan_for(["--op", "scaled_matmul"])
+    (case, impls), = plan
+    assert [(i.name, i.kind) for i in impls] == [("wgmma_ws", "variant"), ("auto", "auto"), ("torch", "baseline")]
+    # --dtype of the 16-bit GEMMs leaves the float8 op out
+    assert not cases.expand_cases(["scaled_matmul"], "full", dtypes=("float16",))

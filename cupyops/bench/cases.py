@@ -12,7 +12,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-OPS = ("trace", "sum", "max", "softmax", "layer_norm", "rms_norm", "matmul", "attention")
+OPS = ("trace", "sum", "max", "softmax", "layer_norm", "rms_norm", "matmul", "scaled_matmul", "attention")
+# The GEMM-shaped ops: (M, N, K) shapes, operand layouts, multiply-adds as their work.
+GEMM_OPS = ("matmul", "scaled_matmul")
 _OP_ALIASES = {
     "amax": "max",
     "layernorm": "layer_norm",
@@ -20,6 +22,8 @@ _OP_ALIASES = {
     "rmsnorm": "rms_norm",
     "rms-norm": "rms_norm",
     "gemm": "matmul",
+    "fp8": "scaled_matmul",
+    "scaled_mm": "scaled_matmul",
     "attn": "attention",
     "sdpa": "attention",
 }
@@ -34,6 +38,8 @@ OP_DTYPES = {
     "layer_norm": FLOAT_DTYPES,
     "rms_norm": FLOAT_DTYPES,
     "matmul": FLOAT_DTYPES + ("int8",),
+    # float8 e4m3 operands (uint8 bits in CuPy), bfloat16 out, per-tensor scales
+    "scaled_matmul": ("float8_e4m3",),
     "attention": FLOAT_DTYPES,
 }
 _DTYPE_ALIASES = {
@@ -42,9 +48,10 @@ _DTYPE_ALIASES = {
     "bf16": "bfloat16",
     "fp64": "float64", "f64": "float64", "double": "float64",
     "i32": "int32", "i64": "int64", "i8": "int8",
+    "e4m3": "float8_e4m3", "fp8": "float8_e4m3", "float8": "float8_e4m3",
 }
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8,
-            "int8": 1}
+            "int8": 1, "float8_e4m3": 1}
 
 # Vendor baselines per op. CuPy has no layer/RMS norm of its own.
 BASELINES = {
@@ -55,6 +62,7 @@ BASELINES = {
     "layer_norm": ("torch",),
     "rms_norm": ("torch",),
     "matmul": ("cupy", "torch"),  # cupy.matmul = cuBLAS (TF32 off); int8: torch._int_mm
+    "scaled_matmul": ("torch",),  # torch._scaled_mm (cuBLASLt), use_fast_accum off as by default
     # torch.nn.functional.scaled_dot_product_attention, one row per backend (sdpa_kernel);
     # prefill cases get the two fast ones, decode cases all four (see attention_baselines)
     "attention": ("torch-flash", "torch-cudnn", "torch-efficient", "torch-math"),
@@ -69,7 +77,7 @@ BASELINE_NAMES = ("cupy", "torch", *SDPA_BACKENDS)
 TOLERANCE_KIND = {
     "trace": "reduce", "sum": "reduce", "max": "reduce",
     "softmax": "norm", "layer_norm": "norm", "rms_norm": "norm", "matmul": "gemm",
-    "attention": "attention",
+    "scaled_matmul": "scaled_matmul", "attention": "attention",
 }
 NORM_EPS = {"layer_norm": 1e-5, "rms_norm": 1e-6}
 
@@ -161,8 +169,13 @@ MATMUL_FULL = (
     (_HOPPER_SQUARES, LAYOUTS, _HALF),
     (_LLAMA3_8B_PREFILL, ("nt",), _HALF),
 )
+# scaled_matmul (FP8 issue's acceptance set): e4m3 x e4m3 -> bfloat16, x @ w.T as
+# torch._scaled_mm takes it (w stored N x K), the squares and the 4096-token Llama shapes.
+SCALED_MATMUL_QUICK = ((((4096, 4096, 4096),), ("nt",), ("float8_e4m3",)),)
+SCALED_MATMUL_FULL = ((_SQUARE_GEMMS + tuple(s for s in _LLAMA3_8B_PREFILL if s[0] == 4096), ("nt",),
+                       ("float8_e4m3",)),)
 # suite -> op ("*" = any other op) -> (shapes, dtypes); attention: ATTENTION_CASES;
-# matmul: MATMUL_*
+# matmul, scaled_matmul: MATMUL_*, SCALED_MATMUL_*
 SUITES = {
     # One mid-size shape, the 4-byte and the bf16 path: a smoke run of every rung that
     # still fills the GPU (64 MiB of float32 is above any L2). Attention is not in the
@@ -170,6 +183,7 @@ SUITES = {
     "quick": {
         "trace": ((_TRACE_SHAPE,), ("float32",)),
         "matmul": MATMUL_QUICK,
+        "scaled_matmul": SCALED_MATMUL_QUICK,
         "attention": ATTENTION_CASES,
         "*": (((4096, 4096),), ("float32", "bfloat16")),
     },
@@ -177,6 +191,7 @@ SUITES = {
     "full": {
         "trace": ((_TRACE_SHAPE,), ("float32",)),
         "matmul": MATMUL_FULL,
+        "scaled_matmul": SCALED_MATMUL_FULL,
         "attention": ATTENTION_CASES,
         "*": (_BIG_SHAPES, FLOAT_DTYPES),
     },
@@ -205,10 +220,12 @@ class Case:
             object.__setattr__(self, "axis", None)
             if not self.causal:  # one spelling per mask, so equal cases compare equal
                 object.__setattr__(self, "causal_align", "top_left")
-        if self.op != "matmul":  # one spelling again: no layout outside matmul
+        if self.op not in GEMM_OPS:  # one spelling again: no layout outside the GEMMs
             object.__setattr__(self, "layout", "")
         elif self.layout not in LAYOUTS:
             raise ValueError(f"matmul layout {self.layout!r}; expected one of {', '.join(LAYOUTS)}")
+        elif self.op == "scaled_matmul" and self.layout != "nt":
+            raise ValueError("scaled_matmul layout: nt only (8-bit wgmma and torch._scaled_mm read b K-major)")
 
     @property
     def numel(self):
@@ -218,12 +235,12 @@ class Case:
     def cols(self):
         """Length of the last axis: the row the row-wise ops work on (matmul: N, the
         output's row)."""
-        return self.shape[1] if self.op == "matmul" else self.shape[-1]
+        return self.shape[1] if self.op in GEMM_OPS else self.shape[-1]
 
     @property
     def rows(self):
         """Rows of the output checked row by row (matmul: M)."""
-        return self.shape[0] if self.op == "matmul" else self.numel // self.cols
+        return self.shape[0] if self.op in GEMM_OPS else self.numel // self.cols
 
     @property
     def work(self):
@@ -234,7 +251,7 @@ class Case:
     def row_wise(self):
         """True when each output row depends only on the same input row (so a subset of
         rows can be checked on its own; matmul: row i of the output is row i of A times B)."""
-        return self.op in ("softmax", "layer_norm", "rms_norm", "matmul") or (
+        return self.op in ("softmax", "layer_norm", "rms_norm", *GEMM_OPS) or (
             self.op in ("sum", "max") and self.axis == -1
         )
 
@@ -265,7 +282,7 @@ class Case:
 
     @property
     def axis_str(self):
-        if self.op in ("trace", "matmul", "attention"):
+        if self.op in ("trace", "attention", *GEMM_OPS):
             return ""
         return "all" if self.axis is None else str(self.axis)
 
@@ -495,12 +512,12 @@ def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None, masks=
         if op == "attention":
             cases += _attention_cases(suite, dtypes, shapes_for_op, masks)
             continue
-        if op == "matmul":
+        if op in GEMM_OPS:
             if shapes_for_op and len(ops) > 1:  # the 2-D shapes are the other ops'
                 shapes_for_op = tuple(s for s in shapes_for_op if len(s) == 3)
                 if not shapes_for_op:
                     continue
-            cases += _matmul_cases(suite, dtypes, shapes_for_op, layouts)
+            cases += _matmul_cases(suite, dtypes, shapes_for_op, layouts, op)
             continue
         suite_shapes, suite_dtypes = suite_spec(suite, op)
         op_shapes = shapes_for_op or suite_shapes
@@ -522,19 +539,20 @@ def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None, masks=
     return cases
 
 
-def _matmul_cases(suite, dtypes, shapes, layouts):
-    """The suite's matmul cases, group by group (MATMUL_*), each in layout, shape, dtype
-    order; or each explicit shape in --layout's layouts (default nn) and the dtypes of
-    every suite group. --layout keeps the suite's cases of those layouts; --dtype replaces
-    each group's dtypes. A case met twice (4096^3 nt is a square and a Llama projection)
-    is kept once, where first met."""
-    groups = suite_spec(suite, "matmul")
+def _matmul_cases(suite, dtypes, shapes, layouts, op="matmul"):
+    """The suite's cases of a GEMM op (matmul, scaled_matmul), group by group (MATMUL_*,
+    SCALED_MATMUL_*), each in layout, shape, dtype order; or each explicit shape in
+    --layout's layouts (default nn; scaled_matmul: nt) and the dtypes of every suite group.
+    --layout keeps the suite's cases of those layouts; --dtype replaces each group's
+    dtypes. A case met twice (4096^3 nt is a square and a Llama projection) is kept once,
+    where first met."""
+    groups = suite_spec(suite, op)
     if shapes:
         for s in shapes:
             if len(s) != 3:
-                raise ValueError(f"--shape: matmul takes MxNxK, got {'x'.join(map(str, s))}")
+                raise ValueError(f"--shape: {op} takes MxNxK, got {'x'.join(map(str, s))}")
         suite_dtypes = tuple(dict.fromkeys(d for _, _, ds in groups for d in ds))
-        entries = [(shapes, layouts or ("nn",), suite_dtypes)]
+        entries = [(shapes, layouts or (("nt",) if op == "scaled_matmul" else ("nn",)), suite_dtypes)]
     else:
         entries = []
         for group_shapes, group_layouts, group_dtypes in groups:
@@ -543,7 +561,7 @@ def _matmul_cases(suite, dtypes, shapes, layouts):
                 entries.append((group_shapes, kept, group_dtypes))
         if not entries:
             has = sorted({x for _, ls, _ in groups for x in ls})
-            raise ValueError(f"--layout: the {suite} suite runs matmul in {', '.join(has)} "
+            raise ValueError(f"--layout: the {suite} suite runs {op} in {', '.join(has)} "
                              f"only, not {', '.join(layouts)}; give --shape MxNxK or another "
                              f"--suite")
     cases, seen = [], set()
@@ -551,8 +569,10 @@ def _matmul_cases(suite, dtypes, shapes, layouts):
         for layout in entry_layouts:
             for shape in entry_shapes:
                 for dtype in (dtypes or entry_dtypes):
-                    case = Case("matmul", dtype, tuple(shape), None, layout=layout)
-                    if dtype not in OP_DTYPES["matmul"] or case in seen:
+                    if dtype not in OP_DTYPES[op] or (op == "scaled_matmul" and layout != "nt"):
+                        continue
+                    case = Case(op, dtype, tuple(shape), None, layout=layout)
+                    if case in seen:
                         continue
                     seen.add(case)
                     cases.append(case)
@@ -660,7 +680,7 @@ def impls_for(case, ladder, requested=None, baselines=True, skip_slow=False,
     else:
         base_names = BASELINES[case.op]
     wanted = requested if requested else [*ladder, "auto", *base_names]
-    if case.op in ("matmul", "attention"):
+    if case.op in ("attention", *GEMM_OPS):
         skip_slow, slow_limit = gemm_skip_slow, GEMM_SLOW_LIMIT
     out = []
     for name in ladder + ["auto"]:
@@ -672,7 +692,7 @@ def impls_for(case, ladder, requested=None, baselines=True, skip_slow=False,
         elif case.op == "attention":
             skip = attention_skip(name, case)
         elif is_slow_rung(name, ladder) and case.work > slow_limit:
-            what = "multiply-adds" if case.op == "matmul" else "elements"
+            what = "multiply-adds" if case.op in GEMM_OPS else "elements"
             skip = f"slow rung on {case.work} > {slow_limit} {what} (--no-skip-slow runs it)"
         out.append(Impl(name, "auto" if name == "auto" else "variant", skip))
     if baselines:
@@ -701,6 +721,8 @@ def result_itemsize(op, dtype):
         return 8
     if op == "matmul" and dtype == "int8":
         return 4
+    if op == "scaled_matmul":  # bfloat16 out
+        return 2
     return ITEMSIZE[dtype]
 
 
@@ -721,9 +743,9 @@ def bytes_moved(case):
         return 2 * numel * s + 2 * n * s  # + weight + bias
     if case.op == "rms_norm":
         return 2 * numel * s + n * s  # + weight
-    if case.op == "matmul":
+    if case.op in GEMM_OPS:
         M, N, K = case.shape
-        return (M * K + K * N) * s + M * N * result_itemsize("matmul", case.dtype)
+        return (M * K + K * N) * s + M * N * result_itemsize(case.op, case.dtype)
     if case.op == "attention":  # Q and O [B, Sq, Hq, D], K and V [B, Skv, Hkv, D]
         B, Hq, Hkv, Sq, Skv, D = case.shape
         return (2 * B * Sq * Hq * D + 2 * B * Skv * Hkv * D) * s
@@ -745,7 +767,7 @@ def flops(case):
     attention 4 B Hq D (visible query-key pairs): 2 for each multiply-add of S = Q K^T and
     of O = P V (the softmax's exponentials are not counted); None for the memory-bound ops
     (their metric is bandwidth)."""
-    if case.op == "matmul":
+    if case.op in GEMM_OPS:
         M, N, K = case.shape
         return 2 * M * N * K
     if case.op == "attention":
@@ -765,7 +787,7 @@ def sample_rows(case, limit=CHECK_LIMIT):
     spaced sorted subset always holding the first and the last row."""
     if case.op == "attention":
         return None  # sampled its own way: attention_sample
-    if case.op == "matmul":
+    if case.op in GEMM_OPS:
         # the float64 host reference costs M*N*K multiply-adds: keep it to ~64 rows' worth
         if limit <= 0 or case.work <= 16 * limit:
             return None
@@ -821,7 +843,8 @@ def tolerance(case, table):
     """Allowed rel_error from reference.TOLERANCE; integer results must be exact."""
     if case.dtype in ("int32", "int64", "int8"):
         return 0.0
-    tol = table[TOLERANCE_KIND[case.op]][case.dtype]
+    # (scaled_matmul's table is by output dtype: bfloat16 here)
+    tol = table[TOLERANCE_KIND[case.op]]["bfloat16" if case.op == "scaled_matmul" else case.dtype]
     if case.op == "matmul" and case.dtype == "float32":
         # K products summed in float32: the rounding error grows as sqrt(K) (cuBLAS too)
         tol = max(tol, 2e-7 * math.sqrt(case.shape[2]))

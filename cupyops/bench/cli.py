@@ -71,7 +71,7 @@ def build_parser():
                           "(default every variant plus the baselines)")
     sel.add_argument("--dtype", action="append", metavar="DTYPES",
                      help="float32,float16,bfloat16 (trace/sum/max also float64,int32,int64; "
-                          "matmul also int8); "
+                          "matmul also int8; scaled_matmul: float8_e4m3, alias fp8); "
                           "default from the suite")
     sel.add_argument("--shape", action="append", metavar="SHAPES",
                      help="e.g. 16384x8192 (matmul: MxNxK, e.g. 16x4096x4096, run in each "
@@ -92,14 +92,16 @@ def build_parser():
                           "i + Skv - Sq, the KV-cache alignment); default: the suite's, "
                           "none for --shape")
     sel.add_argument("--suite", choices=list(cases.SUITES),
-                     help="quick (default): 4096x4096 float32+bfloat16 and the LLM matmul "
-                          "shapes in float16+bfloat16 (~20 s once compiled; the first run also compiles, ~35-45 s in all on an H100); "
+                     help="quick (default): 4096x4096 float32+bfloat16, the LLM matmul "
+                          "shapes in float16+bfloat16 and scaled_matmul at 4096^3 (~20 s once compiled; the first run also compiles, ~35-45 s in all on an H100); "
                           "attention only with --op attention (its acceptance set); "
                           "full: the acceptance shapes 16384x8192, 65536x1024, 1024x131072 "
                           "in float32, float16, bfloat16 (trace: 5977x7890 float32; matmul: "
                           "the LLM shapes and 4096^3, 8192^3 in every dtype, nn, and the "
-                          "Hopper GEMM set in float16+bfloat16, see below; attention: its "
-                          "acceptance set, see below)")
+                          "Hopper GEMM set in float16+bfloat16, see below; scaled_matmul: "
+                          "e4m3 -> bfloat16 at 4096^3, 8192^3 and the 4096-token Llama-3-8B "
+                          "shapes, nt, against torch._scaled_mm (on an H100/H200); "
+                          "attention: its acceptance set, see below)")
     sel.add_argument("--no-baselines", action="store_true", help="time cupyops only")
     sel.add_argument("--skip-slow", action=argparse.BooleanOptionalAction, default=None,
                      help="skip textbook rungs on shapes above --slow-limit elements "
@@ -159,8 +161,8 @@ def make_plan(args, parser, variants_loader=None):
         if masks and "attention" not in ops:
             raise ValueError("--causal: applies to attention only (add --op attention)")
         layouts = cases.parse_layouts(args.layout)
-        if layouts and "matmul" not in ops:
-            raise ValueError("--layout: applies to matmul only (add --op matmul)")
+        if layouts and not set(cases.GEMM_OPS) & set(ops):
+            raise ValueError("--layout: applies to matmul and scaled_matmul only (add --op matmul)")
         case_list = cases.expand_cases(ops, suite, dtypes, shapes, axes, masks, layouts)
         requested = cases.split_list(args.impl)
         for name, v in (("--repeats", args.repeats), ("--copy-mib", args.copy_mib),
@@ -377,13 +379,13 @@ def run_case(case, impls, args, flush, torch):
     """Rows for every impl of one case, in plan order."""
     from . import runners
 
-    base = {"op": case.op, "axis": None if case.op in ("trace", "matmul") else case.axis,
+    base = {"op": case.op, "axis": None if case.op in ("trace", *cases.GEMM_OPS) else case.axis,
             "dtype": case.dtype, "shape": case.shape_str, "bytes": cases.bytes_moved(case),
             "flops": cases.flops(case), "gbps_meaningful": cases.reports_bandwidth(case)}
     if case.op == "attention":
         base.update(mask=case.mask, causal=case.causal, causal_align=case.causal_align,
                     decode=case.decode, **case.shape._asdict())
-    if case.op == "matmul":
+    if case.op in cases.GEMM_OPS:
         base["layout"] = case.layout
 
     def row(impl, status="ok", note=None, **kw):

@@ -35,8 +35,8 @@ COLUMNS = (
 
 
 def layout_of(row):
-    """A matmul row's operand layout ("nn" when the row predates layouts); "" otherwise."""
-    if row["op"] != "matmul":
+    """A GEMM row's operand layout ("nn" when a matmul row predates layouts); "" otherwise."""
+    if row["op"] not in ("matmul", "scaled_matmul"):
         return ""
     return row.get("layout") or "nn"
 
@@ -95,7 +95,7 @@ def axis_label(row):
     """The axis of a reduction ("all" for None), attention's mask, or nothing."""
     if row["op"] == "attention":
         return row.get("mask") or ""
-    if row["op"] in ("trace", "matmul"):
+    if row["op"] in ("trace", "matmul", "scaled_matmul"):
         return ""
     return "all" if row.get("axis") is None else str(row["axis"])
 
@@ -236,6 +236,10 @@ def header_lines(meta):
                      "nt = x @ w.T, w stored N x K (a linear layer's weight), w.T a view; "
                      "cupyops, cupy.matmul and torch.matmul (int8: torch._int_mm) get the "
                      "same operands")
+    if "scaled_matmul" in s.get("ops", ()):
+        lines.append("scaled_matmul: e4m3 x e4m3 -> bfloat16 with one float32 scale per operand (in device "
+                     "memory), x @ w.T (w stored N x K); cupyops and torch._scaled_mm (use_fast_accum off) "
+                     "get the same operands; the reference is the float64 product of the dequantised operands")
     if "attention" in s.get("ops", ()):
         lines += attention_header_lines()
     return lines

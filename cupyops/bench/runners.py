@@ -47,6 +47,7 @@ class CaseData:
     tol: float = 0.0
     k: object = None  # attention: [B, Skv, Hkv, D]
     v: object = None
+    scales: tuple = ()  # scaled_matmul: (scale_a, scale_b), float32 0-d device arrays
     sample: object = None  # attention: the cases.AttnSample compared
     _torch: dict = field(default_factory=dict)
 
@@ -57,7 +58,7 @@ class CaseData:
         if not self._torch:
             conv = lambda a: None if a is None else torch.from_dlpack(a)  # noqa: E731
             self._torch.update(x=conv(self.x), weight=conv(self.weight), bias=conv(self.bias),
-                               k=conv(self.k), v=conv(self.v))
+                               k=conv(self.k), v=conv(self.v), scales=tuple(conv(s) for s in self.scales))
         return self._torch
 
 
@@ -85,6 +86,8 @@ def prepare(case, *, seed=0, check_limit=_cases.CHECK_LIMIT):
 
     if case.op == "matmul":
         return _prepare_matmul(case, seed, check_limit)
+    if case.op == "scaled_matmul":
+        return _prepare_scaled_matmul(case, seed, check_limit)
     if case.op == "attention":
         return _prepare_attention(case, seed, check_limit)
     x = random_normal(case.shape, case.dtype, seed)
@@ -125,6 +128,28 @@ def _prepare_matmul(case, seed, check_limit):
     # make a contiguous copy of W on the GPU
     b_host = w.get().T if case.layout == "nt" else w.get()
     data.ref = reference.matmul(host_rows(data, a), b_host)
+    return data
+
+
+def _prepare_scaled_matmul(case, seed, check_limit):
+    """x (M x K) and w (N x K) drawn N(0, 1), quantised by cupyops.quantize_fp8 with one
+    scale each (e4m3 bits as uint8, scales float32 0-d device arrays); every call gets
+    x, b = w.T (K x N, K-major: the layout torch._scaled_mm and the 8-bit wgmma need) and
+    the scales. The float64 reference is the product of the dequantised operands."""
+    import cupy
+
+    import cupyops
+
+    from .. import reference
+
+    M, N, K = case.shape
+    a, sa = cupyops.quantize_fp8(random_normal((M, K), "float32", seed))
+    w, sb = cupyops.quantize_fp8(random_normal((N, K), "float32", seed + 1))
+    data = CaseData(case, a, weight=w.T, scales=(sa, sb), tol=_cases.tolerance(case, reference.TOLERANCE))
+    rows = _cases.sample_rows(case, check_limit)
+    if rows is not None:
+        data.rows = cupy.asarray(rows)
+    data.ref = reference.scaled_matmul(host_rows(data, a), w.get().T, float(sa), float(sb))
     return data
 
 
@@ -336,6 +361,9 @@ def cupyops_call(data, impl):
         return lambda out=None: cupyops.rms_norm(x, w, eps=eps, out=out, impl=impl)
     if c.op == "matmul":
         return lambda out=None: cupyops.matmul(x, w, out=out, impl=impl)
+    if c.op == "scaled_matmul":
+        sa, sb = data.scales
+        return lambda out=None: cupyops.scaled_matmul(x, w, sa, sb, out=out, impl=impl)
     if c.op == "attention":
         k, v, causal, align = data.k, data.v, c.causal, c.causal_align
         return lambda out=None: cupyops.attention(x, k, v, causal=causal, causal_align=align,
@@ -404,6 +432,10 @@ def baseline_call(data, name, torch=None):
         if c.op == "rms_norm":
             eps = _cases.NORM_EPS["rms_norm"]
             return lambda: F.rms_norm(x, (n,), w, eps)
+        if c.op == "scaled_matmul":  # e4m3 x e4m3 -> bfloat16, per-tensor scales, b column-major
+            a8, b8 = x.view(torch.float8_e4m3fn), w.view(torch.float8_e4m3fn)
+            sa, sb = t["scales"]
+            return lambda: torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
         if c.op == "matmul":
             if c.dtype == "int8":  # int8 x int8 -> int32 (cuBLASLt); needs M > 16
                 # B in the case's layout, like every other impl. nn (row-major K x N) is
