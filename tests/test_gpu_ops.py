@@ -618,6 +618,45 @@ def test_softmax_fast_path_repeats_and_rechecks_layout(dtype):
         cupyops.softmax(x, axis=2)
 
 
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("dtype", ROW_DTYPES)
+def test_norm_fast_path_repeats_and_rechecks_layout(op, dtype):
+    # as softmax's: the second call of a signature takes the memoized fast path (same bits,
+    # a fresh output), and an offset or strided input, an offset weight, or another eps of
+    # the same shapes still goes the checked way and gives the right rows
+    cp = _cupy()
+    from cupyops.ops import norm as N
+
+    rng = np.random.default_rng()
+    fn = getattr(cupyops, op)
+    values = rand(rng, (5, 1024), dtype)
+    w_values = rand(rng, (1024,), dtype)
+    b_values = rand(rng, (1024,), dtype)
+    x, w, b = cp.asarray(values), cp.asarray(w_values), cp.asarray(b_values)
+    params = (w,) if op == "rms_norm" else (w, b)
+    host = (w_values,) if op == "rms_norm" else (w_values, b_values)
+
+    def ref(v, eps, ps=host):
+        if op == "rms_norm":
+            return reference.rms_norm(v, ps[0], eps)
+        return reference.layer_norm(v, ps[0], ps[1], eps)[0]
+
+    eps = 1e-5
+    first = fn(x, *params, eps=eps)
+    assert any(k[0] == op and k[2] == (5, 1024) for k in N._FAST)
+    second = fn(x, *params, eps=eps)
+    assert second.data.ptr != first.data.ptr
+    assert_same_bits(first, second)
+    assert_rows_match(second, ref(values, eps), dtype)
+    for mode in ("offset", "strided"):
+        other = rand(rng, (5, 1024), dtype)
+        assert_rows_match(fn(place(other, mode), *params, eps=eps), ref(other, eps), dtype, what=mode)
+    w_off = place(w_values, "offset")
+    got = fn(x, w_off, *params[1:], eps=eps)
+    assert_rows_match(got, ref(values, eps), dtype, what="offset weight")
+    assert_rows_match(fn(x, *params, eps=0.5), ref(values, 0.5), dtype, what="another eps")
+
+
 @pytest.mark.parametrize("op,impl,dtype", grid(["softmax"], ROW_DTYPES))
 def test_softmax_over_other_axes(op, impl, dtype):
     rng = np.random.default_rng()

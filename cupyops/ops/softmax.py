@@ -1,6 +1,5 @@
 """softmax over one axis (kernels/softmax.cu). The last axis is the fast path; another axis
 is moved last (one copy each way)."""
-import numpy as np
 
 from .._interop import foreign_arrays
 from .. import _arrays, _dtypes, _launch
@@ -38,12 +37,8 @@ KERNEL_FILES = [KERNELS]
 
 
 # Steady-state fast path for the common call softmax(cupy_array) (last axis, no out=): a
-# (type, shape, dtype, axis, impl, device) that passed every check once maps to its row
-# plan, so a repeated call skips the argument checks and the plan lookup and pays for the
-# output allocation and the launch only (measured on the H100 host, benchmarks/
-# host_overhead.py: the checks and lookups cost more than the kernel launch itself).
-# Only C-contiguous inputs take it (the checked path copies the others); the launch is
-# the one softmax_rows makes (RowPlan.grid / scalar_args).
+# (type, shape, dtype, axis, impl, device) that passed every check once maps to its fast
+# call (_rows.fast_rows: C-contiguous inputs; the checked path copies the others).
 _FAST = {}
 
 
@@ -99,31 +94,10 @@ def softmax(x, axis=-1, out=None, *, impl="auto"):
 
 
 def _fast_call(impl, shape, dtype, dt):
-    """softmax of a CuPy array of this shape and dtype whose checks already passed, or None
-    when the array is not C-contiguous (the caller then takes the checked path). Everything
-    that depends only on the shape is computed here once: the launch's grid, block and
-    scalar arguments, packed into a ``DirectLaunch`` for a 16-byte-aligned and one for an
-    unaligned input, so a call writes two addresses and launches. The output comes from
-    CuPy's pool."""
-    cp = _arrays.cupy_module()
-    n = shape[-1]
-    rows = _launch.cdiv(int(np.prod(shape, dtype=np.int64)), n)
-    p = _plan(impl, n, dt)
-    grid, block, fn, smem = p.grid(rows), (p.block,), p.fn, p.smem
-    # [unaligned, aligned]: the kernel's 16-byte path needs both rows to start 16-byte aligned
-    launches = tuple(_launch.DirectLaunch(fn, grid, block, smem, 2, p.scalar_args(rows, n, aligned=a))
-                     for a in (False, n % (16 // dtype.itemsize) == 0))
-    cstrides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize for i in range(len(shape)))
-
-    def call(x):
-        if x.strides != cstrides:
-            return None
-        y = cp.ndarray(shape, dtype)  # cp.empty less a Python call: 1 us of 4.7 on a slow host
-        xp, yp = x.data.ptr, y.data.ptr
-        launches[not (xp | yp) & 15](xp, yp)
-        return y
-
-    return call
+    """softmax of a C-contiguous CuPy array of this shape and dtype whose checks already
+    passed (_rows.fast_rows), or None for another layout (the caller takes the checked
+    path)."""
+    return _rows.fast_rows(_plan(impl, shape[-1], dt), shape, dtype, ("x", "out"))
 
 
 def _plan(impl, n, dt):
