@@ -20,4 +20,4 @@ t 200 python3 benchmarks/attention_sweep.py --rungs flash,flash_wgmma --json "$O
 t 150 cupyops-bench --op scaled_matmul --suite full --json "$OUT/fp8_bench.json" --md "$OUT/fp8_bench.md" \
     2>"$OUT/fp8_bench_progress.log" | tail -12
 t 200 python3 examples/notebooks.py --execute --out "$OUT" 2>&1 | tail -4
-t 60 python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/host_overhead.txt" | head -8
+t 120 python3 -c "import torch; from cupyops.bench import host; r = host.per_op_us(2000, torch, print); print(*host.summary_lines(r), sep='\n')" 2>&1 | tee "$OUT/host_per_op.txt" | tail -6

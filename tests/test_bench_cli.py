@@ -1373,3 +1373,19 @@ def test_scaled_matmul_cases():
     assert [(i.name, i.kind) for i in impls] == [("wgmma_ws", "variant"), ("auto", "auto"), ("torch", "baseline")]
     # --dtype of the 16-bit GEMMs leaves the float8 op out
     assert not cases.expand_cases(["scaled_matmul"], "full", dtypes=("float16",))
+
+
+def test_header_reports_host_time_per_operator():
+    # issue 18's measure: cupyops (CuPy arrays, torch tensors) against torch per operator at
+    # decode size; a cupyops figure above torch's is marked
+    from cupyops.bench import host
+
+    m = dict(meta(), host_per_op_us={
+        "rms_norm": {"shape": "8x4096", "cupyops": 11.0, "cupyops_torch_in": 19.5, "torch": 16.0},
+        "matmul": {"shape": "8x4096 @ (4096x4096).T", "cupyops": None, "cupyops_torch_in": 20.0, "torch": None}})
+    text = "\n".join(report.header_lines(m))
+    assert ("host time per call, rms_norm 8x4096: cupyops 11.0 us, with torch tensors 19.5 us **over**, "
+            "torch 16.0 us") in text
+    assert "matmul 8x4096 @ (4096x4096).T: cupyops -, with torch tensors 20.0 us, torch -" in text
+    assert set(host.OPS) == {"softmax", "rms_norm", "layer_norm", "sum", "matmul", "attention"}
+    assert set(host.decode_ops(None)) == set(host.OPS) and all(t is None for _, _, t in host.decode_ops(None).values())

@@ -291,6 +291,10 @@ def run(args, plan, settings):
     # Host time per call, on the default stream, once no compile thread competes for the
     # CPU (measured during the compiles: 26 us for a call that takes 15 us alone; NOTES 34).
     host = host_overheads(args.host_calls, torch)
+    from . import host as host_time
+
+    per_op = host_time.per_op_us(args.host_calls, torch, log,
+                                 ops=[op for op in settings["ops"] if op in host_time.OPS])
 
     rows = report.finalize(rows, copy_bw)
     meta = {
@@ -301,6 +305,7 @@ def run(args, plan, settings):
         "torch": torch.__version__ if torch is not None else None,
         "copy_bandwidth_GBps": copy_bw,
         "host_overhead_us": host,
+        "host_per_op_us": per_op,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "settings": settings,
     }

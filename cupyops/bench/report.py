@@ -215,6 +215,10 @@ def header_lines(meta):
                  for k, v in ho.items()]
         lines.append("host overhead per call, 1x1024 float32 softmax (median of 5 rounds of 400 "
                      "calls): " + ", ".join(parts))
+    if meta.get("host_per_op_us"):
+        from .host import summary_lines
+
+        lines += summary_lines(meta["host_per_op_us"])
     if s:
         lines.append(
             f"timing: CUDA events, median of up to {s.get('repeats')} repeats after "

@@ -1,0 +1,101 @@
+"""Host time per call of every operator at decode size, the cost that decides a decode
+loop's speed when each operator's GPU work is a few microseconds: cupyops on CuPy arrays,
+cupyops on torch tensors (the same memory, through DLPack), and PyTorch's eager
+equivalent on the same host (F.rms_norm, F.layer_norm, torch.softmax, torch.sum,
+torch.matmul, scaled_dot_product_attention).
+
+The sizes are one decode step of a Llama-3-8B-like layer: 8 sequences of one token,
+hidden 4096, bfloat16; attention over a 2048-token KV cache with 32 query and 8 KV heads
+of 128. Each figure is timing.host_overhead_us: the median of 5 rounds of back-to-back
+calls, the final synchronisation outside the clock.
+"""
+TOKENS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, CACHE = 8, 4096, 32, 8, 128, 2048
+OPS = ("softmax", "rms_norm", "layer_norm", "sum", "matmul", "attention")
+
+
+def _operands(cp, bf16):
+    rs = cp.random.RandomState(0)
+
+    def make(shape):
+        return rs.standard_normal(shape, dtype=cp.float32).astype(bf16)
+
+    return {"x": make((TOKENS, HIDDEN)), "w": make((HIDDEN,)), "b": make((HIDDEN,)),
+            "W": make((HIDDEN, HIDDEN)), "q": make((TOKENS, 1, HEADS, HEAD_DIM)),
+            "k": make((TOKENS, CACHE, KV_HEADS, HEAD_DIM)), "v": make((TOKENS, CACHE, KV_HEADS, HEAD_DIM))}
+
+
+def decode_ops(torch=None):
+    """{op: (shape label, cupyops call of an operand dict, torch call of a tensor dict or
+    None)}: the calls each take the operands (CuPy arrays, or torch tensors) by name."""
+    import cupyops
+
+    F = torch.nn.functional if torch is not None else None
+    ops = {
+        "softmax": (f"{TOKENS}x{HIDDEN}", lambda a: cupyops.softmax(a["x"]),
+                    lambda t: torch.softmax(t["x"], -1)),
+        "rms_norm": (f"{TOKENS}x{HIDDEN}", lambda a: cupyops.rms_norm(a["x"], a["w"]),
+                     lambda t: F.rms_norm(t["x"], (HIDDEN,), t["w"])),
+        "layer_norm": (f"{TOKENS}x{HIDDEN}", lambda a: cupyops.layer_norm(a["x"], a["w"], a["b"]),
+                       lambda t: F.layer_norm(t["x"], (HIDDEN,), t["w"], t["b"])),
+        "sum": (f"{TOKENS}x{HIDDEN} axis -1", lambda a: cupyops.sum(a["x"], axis=-1),
+                lambda t: torch.sum(t["x"], -1)),
+        "matmul": (f"{TOKENS}x{HIDDEN} @ ({HIDDEN}x{HIDDEN}).T", lambda a: cupyops.matmul(a["x"], a["W"].T),
+                   lambda t: torch.matmul(t["x"], t["W"].T)),
+        "attention": (f"decode B{TOKENS} Hq{HEADS} Hkv{KV_HEADS} kv{CACHE} D{HEAD_DIM}",
+                      lambda a: cupyops.attention(a["q"], a["k"], a["v"]),
+                      lambda t: F.scaled_dot_product_attention(
+                          t["q"].transpose(1, 2), t["k"].transpose(1, 2), t["v"].transpose(1, 2), enable_gqa=True)),
+    }
+    return {op: (label, ours, theirs if torch is not None else None) for op, (label, ours, theirs) in ops.items()}
+
+
+def per_op_us(calls, torch=None, log=print, ops=OPS):
+    """{op: {"shape": label, "cupyops": us, "cupyops_torch_in": us, "torch": us}} for the
+    operators ``ops`` (the benchmark's selection: a first call compiles its kernels); a
+    figure that could not be measured is None (its error logged), never a crashed run."""
+    import cupy
+
+    from .. import _dtypes
+    from . import timing
+
+    if not ops:
+        return {}
+    arrays = _operands(cupy, _dtypes.to_dtype("bfloat16"))
+    tensors = {k: torch.from_dlpack(v) for k, v in arrays.items()} if torch is not None else None
+    out = {}
+    for op, (label, ours, theirs) in decode_ops(torch).items():
+        if op not in ops:
+            continue
+        fns = {"cupyops": lambda: ours(arrays)}
+        if torch is not None:
+            fns["cupyops_torch_in"] = lambda: ours(tensors)
+            fns["torch"] = lambda: theirs(tensors)
+        row = {"shape": label}
+        for who, fn in fns.items():
+            try:
+                row[who] = timing.host_overhead_us(fn, calls=calls)
+            except Exception as exc:  # noqa: BLE001 - one failing figure, not a failed run
+                row[who] = None
+                log(f"  host time {op} {who}: failed ({type(exc).__name__}: {exc})")
+        out[op] = row
+        log("  host time " + op + ": " + ", ".join(
+            f"{k} {'-' if v is None else f'{v:.1f} us'}" for k, v in row.items() if k != "shape"))
+    return out
+
+
+def summary_lines(per_op):
+    """One line per operator for the report's header: cupyops (CuPy in, torch in) against
+    torch; "**over**" marks a cupyops figure above torch's."""
+    lines = []
+    for op, row in per_op.items():
+        t = row.get("torch")
+        parts = []
+        for who, label in (("cupyops", "cupyops"), ("cupyops_torch_in", "with torch tensors")):
+            v = row.get(who)
+            if v is None:
+                parts.append(f"{label} -")
+                continue
+            parts.append(f"{label} {v:.1f} us" + (" **over**" if t is not None and v > t else ""))
+        parts.append("torch -" if t is None else f"torch {t:.1f} us")
+        lines.append(f"host time per call, {op} {row.get('shape', '')}: " + ", ".join(parts))
+    return lines
