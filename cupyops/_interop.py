@@ -18,7 +18,9 @@ plain Python values goes straight through (one dict lookup per argument). Otherw
 - Tensors with ``requires_grad`` are read as detached: the results do not require grad
   (cupyops has no backward).
 - float8 e4m3 torch tensors travel as their uint8 bits (DLPack has no float8 type in
-  CuPy); ``quantize_fp8`` gives torch callers ``torch.float8_e4m3fn`` values.
+  CuPy); other float8 types are refused (a TypeError), not read as e4m3; ``quantize_fp8``
+  gives torch callers ``torch.float8_e4m3fn`` values.
+- A CPU tensor beside GPU ones (a 0-d scale) is read through NumPy.
 - Host arrays (a CPU torch tensor, a CPU JAX array) take the NumPy path and come back as
   the caller's type on the host.
 """
@@ -51,7 +53,9 @@ def _classify(t):
     if mod.split(".", 1)[0] in ("cupy", "cupyx", "numpy", "builtins"):
         return _PLAIN
     root = mod.split(".", 1)[0]
-    if hasattr(t, "__dlpack__") and root == "torch":
+    # torch.Tensor and its subclasses from any package (nn.Parameter, torchao's, a user's)
+    if hasattr(t, "__dlpack__") and any((c.__module__ or "").split(".", 1)[0] == "torch" and c.__name__ == "Tensor"
+                                        for c in t.__mro__):
         return "torch"
     if hasattr(t, "__dlpack__") and root in ("jax", "jaxlib"):
         return "jax"
@@ -126,7 +130,10 @@ def _device_call(fn, args, kwargs, kind, fp8_results, cp):
         k = kind_of(a)
         if k is _PLAIN:
             return a
-        v = cp.asarray(a) if k == "cai" else cp.from_dlpack(_torch_exportable(a) if k == "torch" else a)
+        if k == "torch" and a.device.type != "cuda":  # a host tensor beside GPU ones (a scale)
+            v = _torch_to_numpy(a)
+        else:
+            v = cp.asarray(a) if k == "cai" else cp.from_dlpack(_torch_exportable(a) if k == "torch" else a)
         given[id(v)] = a
         return v
 
@@ -165,8 +172,10 @@ def _torch_exportable(t):
 
     if t.requires_grad:
         t = t.detach()
-    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+    if t.dtype == torch.float8_e4m3fn:
         t = t.view(torch.uint8)
+    elif t.dtype.is_floating_point and t.element_size() == 1:  # e5m2, the fnuz forms: other bits
+        raise TypeError(f"{t.dtype} tensors are not supported; float8 operands are float8_e4m3fn")
     return t
 
 

@@ -89,8 +89,8 @@ def notebook(py_path, outputs=None):
 
 
 def execute(py_path):
-    """Run the code cells of ``py_path`` in one namespace (the working directory and
-    ``sys.argv`` as a notebook would see them) and return each cell's outputs: its printed
+    """Run the code cells of ``py_path`` in one namespace (``__name__`` "__main__", as a
+    notebook's) and return each cell's outputs: its printed
     text as a stream, then each matplotlib figure it left open as a PNG. An exception
     stops the run (re-raised, naming the cell)."""
     import matplotlib

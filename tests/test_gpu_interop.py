@@ -154,6 +154,12 @@ def test_fp8_torch_tensors():
     torch.testing.assert_close(ours.float(), theirs.float(), rtol=1e-2, atol=1e-2)
 
 
+def test_other_float8_types_are_refused():
+    x = tensor((16, 64), "float32").to(torch.float8_e5m2)
+    with pytest.raises(TypeError, match="float8_e5m2"):
+        cupyops.scaled_matmul(x, x.T, 1.0, 1.0)
+
+
 def test_jax_gpu_arrays():
     jax = pytest.importorskip("jax")
     try:

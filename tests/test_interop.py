@@ -35,6 +35,9 @@ def test_kinds():
     fake_torch = type("Tensor", (), {"__module__": "torch", "__dlpack__": lambda s: None})
     fake_jax = type("ArrayImpl", (), {"__module__": "jaxlib.xla_extension", "__dlpack__": lambda s: None})
     assert _interop.kind_of(fake_torch()) == "torch" and _interop.kind_of(fake_jax()) == "jax"
+    # a subclass of torch.Tensor from another package (nn.Parameter's kind, torchao's)
+    sub = type("QuantTensor", (fake_torch,), {"__module__": "torchao.dtypes"})
+    assert _interop.kind_of(sub()) == "torch"
     assert _interop.kind_of(object()) == "plain"  # not an array at all: the operator says so
 
 

@@ -293,8 +293,12 @@ def run(args, plan, settings):
     host = host_overheads(args.host_calls, torch)
     from . import host as host_time
 
-    per_op = host_time.per_op_us(args.host_calls, torch, log,
-                                 ops=[op for op in settings["ops"] if op in host_time.OPS])
+    try:
+        per_op = host_time.per_op_us(args.host_calls, torch, log,
+                                     ops=[op for op in settings["ops"] if op in host_time.OPS])
+    except Exception as exc:  # noqa: BLE001 - a run's results are worth more than this figure
+        per_op = {}
+        log(f"  host time per operator: failed ({type(exc).__name__}: {exc})")
 
     rows = report.finalize(rows, copy_bw)
     meta = {

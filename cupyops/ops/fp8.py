@@ -106,8 +106,8 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ou
     props = _launch.device_props()
     why = _fp8_gemm.gpu_error(props)
     if why is not None:
-        if impl == "auto":
-            raise RuntimeError(f"scaled_matmul: {why}")
+        if impl == "auto":  # no fallback kernel: NotImplementedError (a RuntimeError)
+            raise NotImplementedError(f"scaled_matmul: {why}")
         raise ValueError(f"impl: {impl!r}: {why}")
     impl = "wgmma_ws" if impl == "auto" else impl
     y = _arrays.device_out(out, call, (M, N), out_dt)
