@@ -12,7 +12,7 @@ tier fails on any spill.
 """
 from .. import _dtypes, _launch
 from .._kernels import KernelFile, template_name
-from ._attention_problem import tensor_core_reason
+from ._attention_problem import tensor_core_reason, tile_config
 
 VARIANTS = {
     "flash": "FlashAttention-2 on tensor cores: mma.sync for Q K^T and P V with P kept in "
@@ -75,14 +75,8 @@ def smem_bytes(hd, cfg):
 def plan(p, config=None):
     """(kernel name, grid, block, dynamic shared memory bytes) for ``p``: a plain function
     of numbers so the CPU tier can check it."""
-    reason = _shape_reason(p)
-    if reason:
-        raise ValueError(reason)
+    cfg = tile_config(p, "flash", CONFIGS, config, _shape_reason(p))
     cfgs = CONFIGS[p.D]
-    cfg = config or next(iter(cfgs))
-    if cfg not in cfgs:
-        raise ValueError(f"config: {cfg!r} is not a flash configuration for head_dim {p.D}; "
-                         f"expected one of: {', '.join(cfgs)}")
     mt, _, _, warps = cfgs[cfg][:4]
     br = 16 * mt * warps
     grid = (_launch.cdiv(p.Sq, br), p.Hq, p.B)

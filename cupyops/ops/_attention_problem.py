@@ -106,3 +106,17 @@ def tensor_core_reason(p, rung, dtypes, head_dims):
     if not p.scale > 0:  # the running max is taken on raw scores (scale folded into exp2)
         return f"scale: {rung} needs a positive scale, got {p.scale}"
     return None
+
+
+def tile_config(p, rung, configs, config, reason):
+    """The tile configuration a tensor-core rung launches ``p`` with: ``config``, or the
+    first of ``configs[p.D]`` (the default); a ValueError naming the argument where the
+    problem (``reason``: tensor_core_reason's answer) or the configuration is refused."""
+    if reason:
+        raise ValueError(reason)
+    cfgs = configs[p.D]
+    cfg = config or next(iter(cfgs))
+    if cfg not in cfgs:
+        raise ValueError(f"config: {cfg!r} is not a {rung} configuration for head_dim {p.D}; "
+                         f"expected one of: {', '.join(cfgs)}")
+    return cfg

@@ -17,7 +17,7 @@ checked against the reference by the GPU tier through ``launch``; it joins
 """
 from .. import _dtypes, _launch, _tma
 from .._kernels import SPLIT_COMPILE, KernelFile, template_name
-from ._attention_problem import tensor_core_reason
+from ._attention_problem import tensor_core_reason, tile_config
 
 VARIANTS = {
     "flash_wgmma": "FlashAttention on Hopper (sm_90a): a TMA producer warpgroup and two wgmma consumer "
@@ -92,14 +92,7 @@ def _shape_reason(p):
 def plan(p, config=None):
     """The ``_launch.Launch`` for ``p`` (a plain function of numbers: the CPU tier checks
     it)."""
-    reason = _shape_reason(p)
-    if reason:
-        raise ValueError(reason)
-    cfgs = CONFIGS[p.D]
-    cfg = config or next(iter(cfgs))
-    if cfg not in cfgs:
-        raise ValueError(f"config: {cfg!r} is not a flash_wgmma configuration for head_dim {p.D}; "
-                         f"expected one of: {', '.join(cfgs)}")
+    cfg = tile_config(p, "flash_wgmma", CONFIGS, config, _shape_reason(p))
     grid = (_launch.cdiv(p.Sq, BR), p.Hq, p.B)
     return _launch.Launch(KERNELS, _name(p.dtype, p.D, cfg), grid, (THREADS,), smem_bytes(p.D, cfg),
                           "attention impl='flash_wgmma'")
