@@ -111,6 +111,10 @@ _TRACE_SHAPE = (5977, 7890)  # awkward, non-square: the acceptance shape for tra
 # and w.T a view (no copy), so b is K-contiguous (column-major). Every impl and baseline of
 # a case gets the same operands in the same layout.
 LAYOUTS = ("nn", "nt")
+# The layouts each GEMM op takes (8-bit wgmma and torch._scaled_mm read b K-major: nt), and
+# the output dtype of an op whose result is not its input's.
+OP_LAYOUTS = {"matmul": LAYOUTS, "scaled_matmul": ("nt",)}
+OUT_DTYPE = {"scaled_matmul": "bfloat16"}
 LAYOUT_HELP = "nn (a @ b, b stored K x N) or nt (x @ w.T, w stored N x K, w.T a view)"
 
 
@@ -222,10 +226,8 @@ class Case:
                 object.__setattr__(self, "causal_align", "top_left")
         if self.op not in GEMM_OPS:  # one spelling again: no layout outside the GEMMs
             object.__setattr__(self, "layout", "")
-        elif self.layout not in LAYOUTS:
-            raise ValueError(f"matmul layout {self.layout!r}; expected one of {', '.join(LAYOUTS)}")
-        elif self.op == "scaled_matmul" and self.layout != "nt":
-            raise ValueError("scaled_matmul layout: nt only (8-bit wgmma and torch._scaled_mm read b K-major)")
+        elif self.layout not in OP_LAYOUTS[self.op]:
+            raise ValueError(f"{self.op} layout {self.layout!r}: {', '.join(OP_LAYOUTS[self.op])} only")
 
     @property
     def numel(self):
@@ -552,7 +554,7 @@ def _matmul_cases(suite, dtypes, shapes, layouts, op="matmul"):
             if len(s) != 3:
                 raise ValueError(f"--shape: {op} takes MxNxK, got {'x'.join(map(str, s))}")
         suite_dtypes = tuple(dict.fromkeys(d for _, _, ds in groups for d in ds))
-        entries = [(shapes, layouts or (("nt",) if op == "scaled_matmul" else ("nn",)), suite_dtypes)]
+        entries = [(shapes, layouts or OP_LAYOUTS[op][:1], suite_dtypes)]
     else:
         entries = []
         for group_shapes, group_layouts, group_dtypes in groups:
@@ -569,7 +571,7 @@ def _matmul_cases(suite, dtypes, shapes, layouts, op="matmul"):
         for layout in entry_layouts:
             for shape in entry_shapes:
                 for dtype in (dtypes or entry_dtypes):
-                    if dtype not in OP_DTYPES[op] or (op == "scaled_matmul" and layout != "nt"):
+                    if dtype not in OP_DTYPES[op] or layout not in OP_LAYOUTS[op]:
                         continue
                     case = Case(op, dtype, tuple(shape), None, layout=layout)
                     if case in seen:
@@ -721,9 +723,7 @@ def result_itemsize(op, dtype):
         return 8
     if op == "matmul" and dtype == "int8":
         return 4
-    if op == "scaled_matmul":  # bfloat16 out
-        return 2
-    return ITEMSIZE[dtype]
+    return ITEMSIZE[OUT_DTYPE.get(op, dtype)]
 
 
 def bytes_moved(case):
@@ -843,8 +843,7 @@ def tolerance(case, table):
     """Allowed rel_error from reference.TOLERANCE; integer results must be exact."""
     if case.dtype in ("int32", "int64", "int8"):
         return 0.0
-    # (scaled_matmul's table is by output dtype: bfloat16 here)
-    tol = table[TOLERANCE_KIND[case.op]]["bfloat16" if case.op == "scaled_matmul" else case.dtype]
+    tol = table[TOLERANCE_KIND[case.op]][OUT_DTYPE.get(case.op, case.dtype)]  # (by output dtype)
     if case.op == "matmul" and case.dtype == "float32":
         # K products summed in float32: the rounding error grows as sqrt(K) (cuBLAS too)
         tol = max(tol, 2e-7 * math.sqrt(case.shape[2]))

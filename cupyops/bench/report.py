@@ -15,6 +15,8 @@ nt"); a row without one (results written before layouts) is "nn".
 import json
 import math
 
+from .cases import GEMM_OPS
+
 # (title, row key, alignment) of the table columns, text and markdown alike.
 COLUMNS = (
     ("op", "op", "<"),
@@ -36,7 +38,7 @@ COLUMNS = (
 
 def layout_of(row):
     """A GEMM row's operand layout ("nn" when a matmul row predates layouts); "" otherwise."""
-    if row["op"] not in ("matmul", "scaled_matmul"):
+    if row["op"] not in GEMM_OPS:
         return ""
     return row.get("layout") or "nn"
 
@@ -95,7 +97,7 @@ def axis_label(row):
     """The axis of a reduction ("all" for None), attention's mask, or nothing."""
     if row["op"] == "attention":
         return row.get("mask") or ""
-    if row["op"] in ("trace", "matmul", "scaled_matmul"):
+    if row["op"] in ("trace", *GEMM_OPS):
         return ""
     return "all" if row.get("axis") is None else str(row["axis"])
 
