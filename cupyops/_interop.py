@@ -216,9 +216,12 @@ class _TorchBlock:
         self.ptr = ptr
 
     def __del__(self):
-        import torch
+        try:
+            import torch
 
-        torch.cuda.caching_allocator_delete(self.ptr)
+            torch.cuda.caching_allocator_delete(self.ptr)
+        except Exception:  # noqa: BLE001 - at interpreter exit torch may be gone already
+            pass
 
 
 def _torch_allocator(device, stream_ptr):

@@ -60,8 +60,8 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ou
     ``bias``: [N], ``out_dtype`` or float32. ``out``: [M, N] of ``out_dtype``, C-contiguous.
 
     Runs on a compute-capability 9.0 GPU (H100, H200) alone: there is no fallback kernel for
-    other GPUs, and calling it there raises RuntimeError naming the GPU (ValueError naming
-    ``impl`` when a rung was asked for by name). NumPy arrays in
+    other GPUs, and calling it there raises NotImplementedError (a RuntimeError) naming the
+    GPU (ValueError naming ``impl`` when a rung was asked for by name). NumPy arrays in
     give NumPy out (through the device)."""
     a = _fp8_bits(a, "a")
     b = _fp8_bits(b, "b")
