@@ -115,6 +115,24 @@ def _choose(kernels, op, impl, n, dt, fallback, simple_block):
 # (benchmarks/host_overhead.py on the H100 hosts: the checks and lookups cost more than the
 # kernel launch itself). Only C-contiguous CuPy arrays take it; anything else returns None
 # from the fast call and goes the checked way.
+class FastCalls(dict):
+    """One row operator's memo of fast calls (``fast_rows``) by call signature: a key the
+    operator builds from its arguments (None: a call the fast path cannot take)."""
+
+    def find(self, key):
+        """The fast call of ``key``, or None (none yet, or not an array: an unhashable
+        shape or dtype, which the checked path then names)."""
+        try:
+            return self.get(key)
+        except TypeError:
+            return None
+
+    def remember(self, key, make):
+        """After a checked launch: ``make()`` the fast call of ``key`` once."""
+        if key is not None:
+            _launch.memo(self, key, make)
+
+
 def c_strides(shape, itemsize):
     """The byte strides of a C-contiguous array of ``shape``."""
     out, step = [], itemsize

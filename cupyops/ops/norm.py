@@ -49,7 +49,7 @@ KERNEL_FILES = [KERNELS]
 # Steady-state fast path (as softmax's): a call of (x, weight, bias) types, shapes and
 # dtypes, eps, impl and device that passed every check once, with C-contiguous CuPy arrays
 # and no out= (layer_norm: no return_stats), maps to its fast call (_rows.fast_rows).
-_FAST = {}
+_FAST = _rows.FastCalls()
 
 
 def _sig(a):
@@ -77,10 +77,7 @@ def _fast_call(op, impl, shape, dtype, dt, eps):
 def _take_fast(op, x, weight, bias, eps, impl):
     """The fast call's result, or None (no fast call for this signature, or a layout it
     does not take)."""
-    try:
-        fast = _FAST.get(_fast_key(op, x, weight, bias, eps, impl))
-    except TypeError:  # an unhashable shape or dtype: not an array (the checked path says so)
-        return None
+    fast = _FAST.find(_fast_key(op, x, weight, bias, eps, impl))
     if fast is None:
         return None
     return fast(x, weight, bias, None, None) if op == "layer_norm" else fast(x, weight)
@@ -89,9 +86,9 @@ def _take_fast(op, x, weight, bias, eps, impl):
 def _remember(op, x, weight, bias, eps, impl, dt, taken):
     """After a checked launch: memoize the fast call when the launch read the caller's own
     arrays (``taken``: no copies were made) on CuPy's side."""
-    key = _fast_key(op, x, weight, bias, eps, impl) if taken else None
-    if key is not None:
-        _launch.memo(_FAST, key, lambda: _fast_call(op, impl, x.shape, x.dtype, dt, eps))
+    if taken:
+        _FAST.remember(_fast_key(op, x, weight, bias, eps, impl),
+                       lambda: _fast_call(op, impl, x.shape, x.dtype, dt, eps))
 
 
 def _check(x, weight, bias, eps, out, impl, op):

@@ -39,7 +39,7 @@ KERNEL_FILES = [KERNELS]
 # Steady-state fast path for the common call softmax(cupy_array) (last axis, no out=): a
 # (type, shape, dtype, axis, impl, device) that passed every check once maps to its fast
 # call (_rows.fast_rows: C-contiguous inputs; the checked path copies the others).
-_FAST = {}
+_FAST = _rows.FastCalls()
 
 
 def _fast_key(x, axis, impl):
@@ -59,10 +59,7 @@ def softmax(x, axis=-1, out=None, *, impl="auto"):
     float32 math. A row of all -inf gives NaN, as in NumPy."""
     axis_arg = axis
     if out is None:
-        try:
-            fast = _FAST.get(_fast_key(x, axis, impl))
-        except TypeError:  # an unhashable shape or dtype: not an array (the checked path says so)
-            fast = None
+        fast = _FAST.find(_fast_key(x, axis, impl))
         if fast is not None:
             y = fast(x)
             if y is not None:
@@ -81,10 +78,10 @@ def softmax(x, axis=-1, out=None, *, impl="auto"):
         xd = _arrays.to_device(x, call)
         if axis == x.ndim - 1:
             softmax_rows(impl, xd, y, dt)
-            key = _fast_key(x, axis_arg, impl)  # CuPy is loaded now: the key holds the device
-            # only a C-contiguous CuPy input (xd is x) would take the fast path next time
-            if xd is x and out is None and key is not None:
-                _launch.memo(_FAST, key, lambda: _fast_call(impl, x.shape, x.dtype, dt))
+            # only a C-contiguous CuPy input (xd is x) would take the fast path next time; CuPy
+            # is loaded now, so the key holds the device
+            if xd is x and out is None:
+                _FAST.remember(_fast_key(x, axis_arg, impl), lambda: _fast_call(impl, x.shape, x.dtype, dt))
         else:
             xt = cp.ascontiguousarray(cp.moveaxis(xd, axis, -1))
             yt = cp.empty_like(xt)
