@@ -186,16 +186,18 @@ def _enter_torch(ctx, device, cp):
     import torch
 
     index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = torch.cuda.current_stream(index).cuda_stream
+    stream, alloc = _torch_stream(cp, torch.cuda.current_stream(index).cuda_stream, index)
     ctx.enter_context(cp.cuda.Device(index))
-    ctx.enter_context(_external_stream(cp, stream, index))
-    ctx.enter_context(cp.cuda.using_allocator(_torch_allocator(index, stream)))
+    ctx.enter_context(stream)
+    ctx.enter_context(cp.cuda.using_allocator(alloc))
 
 
-_STREAMS = {}  # (stream pointer, device) -> cupy.cuda.ExternalStream
+_STREAMS = {}  # (stream pointer, device) -> (cupy.cuda.ExternalStream, its torch allocator)
 
 
-def _external_stream(cp, ptr, device):
+def _torch_stream(cp, ptr, device):
+    """CuPy's view of torch's stream ``ptr`` on ``device`` and the allocator drawing from
+    torch's caching allocator on it, made once a stream (not once a call)."""
     key = (ptr, device)
     s = _STREAMS.get(key)
     if s is None:
@@ -203,7 +205,7 @@ def _external_stream(cp, ptr, device):
             _STREAMS.clear()
         with warnings.catch_warnings():  # CuPy 14 prefers Stream.from_external (a __cuda_stream__
             warnings.simplefilter("ignore", DeprecationWarning)  # object); this form is checked
-            s = _STREAMS[key] = cp.cuda.ExternalStream(ptr, device)
+            s = _STREAMS[key] = (cp.cuda.ExternalStream(ptr, device), _torch_allocator(device, ptr))
     return s
 
 
