@@ -1,11 +1,11 @@
 """Tile-configuration sweep for the tensor-core attention rungs: every ``config`` of
-cupyops/ops/_attention_flash.py and _attention_wgmma.py CONFIGS (``--rungs``; flash_wgmma,
+cupyops/ops/_attention_flash.py and _attention_flash3.py CONFIGS (``--rungs``; flash3,
 the Hopper rung, before it is in the ladder too) on the issue's acceptance shapes, validated on
 sampled query rows against a float64 computation, then timed (CUDA events, L2 flushed,
 median) side by side with PyTorch SDPA's flash and cuDNN backends on the same data. The
 default configuration of each head_dim is chosen from this.
 
-    python benchmarks/attention_sweep.py [--json PATH] [--dtypes float16,bfloat16] [--rungs flash,flash_wgmma]
+    python benchmarks/attention_sweep.py [--json PATH] [--dtypes float16,bfloat16] [--rungs flash,flash3]
 Prints one line per run: dtype shape causal config ms TFLOP/s ratio-to-SDPA-flash ratio-to-cuDNN.
 """
 import argparse
@@ -15,7 +15,7 @@ import cupy as cp
 import numpy as np
 
 from cupyops.bench.timing import L2Flusher, time_gpu
-from cupyops.ops import _attention_flash, _attention_wgmma
+from cupyops.ops import _attention_flash, _attention_flash3
 from cupyops.ops._attention_problem import AttentionProblem
 
 # (B, Hq, Hkv, S, D, causal)
@@ -49,9 +49,9 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--rungs", default="flash", help="flash, flash_wgmma (sm_90)")
+    ap.add_argument("--rungs", default="flash", help="flash, flash3 (sm_90)")
     args = ap.parse_args()
-    launchers = {"flash": _attention_flash, "flash_wgmma": _attention_wgmma}
+    launchers = {"flash": _attention_flash, "flash3": _attention_flash3}
     rungs = args.rungs.split(",")
     for impl in rungs:
         if impl not in launchers:

@@ -11,14 +11,14 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 t() { timeout "$@"; echo "rc=$? ($2 ...)"; }
 t 100 python3 -m pytest -q -m gpu -p no:cacheprovider -rf -x -o faulthandler_timeout=60 \
-    tests/test_gpu_attention_wgmma.py >"$OUT/pytest_attention_wgmma.log" 2>&1
-grep -E "^(FAILED|ERROR)|passed|failed|Timeout" "$OUT/pytest_attention_wgmma.log" | tail -8
+    tests/test_gpu_attention_flash3.py >"$OUT/pytest_attention_flash3.log" 2>&1
+grep -E "^(FAILED|ERROR)|passed|failed|Timeout" "$OUT/pytest_attention_flash3.log" | tail -8
 t 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rf -o faulthandler_timeout=60 \
     tests/test_gpu_graphs.py tests/test_gpu_interop.py \
     "tests/test_gpu_ops.py::test_softmax_fast_path_repeats_and_rechecks_layout" \
     "tests/test_gpu_ops.py::test_norm_fast_path_repeats_and_rechecks_layout" >"$OUT/pytest_pending.log" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_pending.log" | tail -15
-t 120 python3 benchmarks/attention_sweep.py --rungs flash,flash_wgmma --json "$OUT/attention_sweep.json" \
+t 120 python3 benchmarks/attention_sweep.py --rungs flash,flash3 --json "$OUT/attention_sweep.json" \
     >"$OUT/attention_sweep.txt" 2>&1; grep -E "flash|sdpa|WRONG" "$OUT/attention_sweep.txt" | tail -40
 t 90 cupyops-bench --op scaled_matmul --suite full --json "$OUT/fp8_bench.json" --md "$OUT/fp8_bench.md" \
     2>"$OUT/fp8_bench_progress.log" | tail -12

@@ -1,4 +1,4 @@
-// attention_wgmma.cu: FlashAttention on Hopper's warpgroup tensor-core instructions (sm_90a),
+// attention_flash3.cu: FlashAttention on Hopper's warpgroup tensor-core instructions (sm_90a),
 // float16 / bfloat16, under the contract of attention_common.cuh (ATTN_PARAMS: strided
 // Q/K/V/O, GQA, both causal alignments, optional LSE).
 //
@@ -36,8 +36,8 @@
 // D/64 pieces of 64 keys x 64 head_dim, rows of 64 head_dim: the MN-major layout of
 // sm90.cuh SwizzledTile16<true>), then the ring's barriers and Q's.
 //
-// Launch geometry (cupyops/ops/_attention_wgmma.py computes the same numbers):
-//   attention_wgmma<T, HD, BC, STAGES> (HD = head_dim, 64 or 128): block 384; grid
+// Launch geometry (cupyops/ops/_attention_flash3.py computes the same numbers):
+//   attention_flash3<T, HD, BC, STAGES> (HD = head_dim, 64 or 128): block 384; grid
 //   (cdiv(Sq, 128), Hq, B); dynamic shared memory 128 * D * 2 + STAGES * 2 * BC * D * 2 +
 //   1 KB (alignment) + 16 * STAGES + 8. Tensor maps of Q, K, V: 4-D (D, rows, heads,
 //   batch) of 16-bit elements with the 128-byte swizzle, boxes (64, 64, 1, 1) for Q and
@@ -49,14 +49,14 @@
 using namespace cuops;
 using namespace cuops::sm90;
 
-namespace awg {
+namespace fa3 {
 
 constexpr int BR = 128;  // query rows of a block: 64 a consumer warpgroup
 constexpr unsigned PIECE = 8192;  // 64 rows x 128 bytes
 
 template <int D, int BC> struct Layout {
-    static_assert(D == 64 || D == 128, "attention_wgmma: head_dim 64 or 128");
-    static_assert(BC % 64 == 0 && BC <= 256, "attention_wgmma: key tiles of whole 64-row pieces");
+    static_assert(D == 64 || D == 128, "attention_flash3: head_dim 64 or 128");
+    static_assert(BC % 64 == 0 && BC <= 256, "attention_flash3: key tiles of whole 64-row pieces");
     static constexpr int DP = D / 64;  // 64-wide pieces of head_dim
     static constexpr unsigned Q_BYTES = BR * D * 2, K_BYTES = BC * D * 2, V_BYTES = BC * D * 2;
     static constexpr unsigned STAGE_BYTES = K_BYTES + V_BYTES;
@@ -76,15 +76,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
-}  // namespace awg
+}  // namespace fa3
 
 template <typename T, int HD, int BC, int STAGES>
 __global__ void __launch_bounds__(WS_THREADS, 1)
-    attention_wgmma(ATTN_PARAMS(T), const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapK,
+    attention_flash3(ATTN_PARAMS(T), const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapK,
                     const __grid_constant__ TmaMap mapV) {
-    using namespace awg;
+    using namespace fa3;
     typedef Layout<HD, BC> L;
-    static_assert(sizeof(T) == 2, "attention_wgmma: float16 and bfloat16");
+    static_assert(sizeof(T) == 2, "attention_flash3: float16 and bfloat16");
     extern __shared__ unsigned char smem_raw[];
     const unsigned q_smem = ring_base(smem_raw);
     const unsigned ring = q_smem + L::Q_BYTES;

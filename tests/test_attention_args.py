@@ -200,7 +200,7 @@ def test_empty_problems_consult_no_rung(fake_rungs):
 # ------------------------------------------------------------------------- variant table
 def test_variant_table():
     v = cupyops.variants("attention")
-    ladder = ["naive", "tiled", "flash_v1", "flash", "decode"]
+    ladder = ["naive", "tiled", "flash_v1", "flash", "flash3", "decode"]
     assert list(v)[:3] == ladder[:3]
     assert list(v) == [impl for impl in ladder if impl in v]  # the ladder's order, whatever is registered
     for impl, line in v.items():
@@ -271,12 +271,21 @@ def test_auto_without_the_upper_rungs(monkeypatch):
 
 
 def test_auto_with_the_registered_modules_names_a_rung_that_accepts():
-    for dtype in _dtypes.FLOAT_TYPES:
-        for Sq, D in ((1, 128), (16, 64), (1000, 128), (1000, 80), (3, 256)):
-            p = probe(dtype, Sq=Sq, D=D)
-            impl = A.auto_impl(p)
-            assert impl in A.LADDER
-            assert A._LAUNCHERS[impl].supports(impl, p) is None, (dtype, Sq, D, impl)
+    for hopper in (False, True):
+        for dtype in _dtypes.FLOAT_TYPES:
+            for Sq, D in ((1, 128), (16, 64), (1000, 128), (1000, 80), (3, 256)):
+                p = probe(dtype, Sq=Sq, D=D)
+                impl = A.auto_impl(p, hopper=hopper)
+                assert impl in A.LADDER
+                assert A._LAUNCHERS[impl].supports(impl, p) is None, (dtype, Sq, D, impl)
+                assert (impl == "flash3") == (hopper and Sq > A.DECODE_MAX_Q and dtype != "float32" and D != 80)
+
+
+def test_auto_takes_flash3_only_on_a_gpu_that_runs_it():
+    p = probe("bfloat16", Sq=4096, D=128)
+    assert A.auto_impl(p, hopper=True) == "flash3"
+    assert A.auto_impl(p) == "flash"
+    assert A.auto_impl(probe("bfloat16", Sq=1, D=128), hopper=True) == "decode"
 
 
 # ------------------------------------------------------------------------- lowering

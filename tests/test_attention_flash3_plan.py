@@ -1,9 +1,9 @@
-"""CPU tier for the Hopper attention launcher (cupyops/ops/_attention_wgmma.py): what it
+"""CPU tier for the Hopper attention launcher (cupyops/ops/_attention_flash3.py): what it
 refuses and why, the tensor maps it describes for each layout, and that every plan names
 a compiled kernel with a legal grid and shared memory that fits."""
 import pytest
 
-from cupyops.ops import _attention_wgmma as W
+from cupyops.ops import _attention_flash3 as W
 from attention_stubs import problem
 
 SMEM_OPTIN = 227 * 1024  # H100/H200 per-block opt-in
@@ -13,19 +13,19 @@ _problem = problem
 
 
 @pytest.mark.parametrize("kw, prefix", [
-    ({"dtype": "float32"}, "q: flash_wgmma supports float16, bfloat16"),
-    ({"D": 80}, "head_dim: flash_wgmma supports 64, 128"),
-    ({"D": 256}, "head_dim: flash_wgmma supports 64, 128"),
-    ({"scale": 0.0}, "scale: flash_wgmma needs a positive scale"),
-    ({"B": 70000}, "q: flash_wgmma supports at most 65535"),
-    ({"ptr": 8}, "q: flash_wgmma needs 16-byte aligned rows"),
-    ({"stride": (1000, 132, 4)}, "q: flash_wgmma needs 16-byte aligned rows"),
+    ({"dtype": "float32"}, "q: flash3 supports float16, bfloat16"),
+    ({"D": 80}, "head_dim: flash3 supports 64, 128"),
+    ({"D": 256}, "head_dim: flash3 supports 64, 128"),
+    ({"scale": 0.0}, "scale: flash3 needs a positive scale"),
+    ({"B": 70000}, "q: flash3 supports at most 65535"),
+    ({"ptr": 8}, "q: flash3 needs 16-byte aligned rows"),
+    ({"stride": (1000, 132, 4)}, "q: flash3 needs 16-byte aligned rows"),
 ])
 def test_supports_names_the_argument(kw, prefix):
-    reason = W.supports("flash_wgmma", _problem(**kw))
+    reason = W.supports("flash3", _problem(**kw))
     assert reason is not None and reason.startswith(prefix), reason
-    assert W.supports("flash_wgmma", _problem()) is None
-    assert W.supports("flash", _problem()).startswith("impl: unknown attention_wgmma rung")
+    assert W.supports("flash3", _problem()) is None
+    assert W.supports("flash", _problem()).startswith("impl: unknown attention_flash3 rung")
 
 
 @pytest.mark.parametrize("D", W.HEAD_DIMS)
@@ -34,7 +34,7 @@ def test_plans(D):
     for cfg, (bc, stages) in W.CONFIGS[D].items():
         pl = W.plan(p, cfg)
         assert pl.name in W.KERNELS.name_expressions
-        assert pl.name == f"attention_wgmma<__nv_bfloat16, {D}, {bc}, {stages}>"
+        assert pl.name == f"attention_flash3<__nv_bfloat16, {D}, {bc}, {stages}>"
         assert pl.grid == (3, 8, 2) and pl.block == (384,) and pl.cluster == 1
         assert pl.smem == 128 * D * 2 + stages * 2 * bc * D * 2 + 1024 + 16 * stages + 8 <= SMEM_OPTIN
     assert W.plan(p).name == W.plan(p, next(iter(W.CONFIGS[D]))).name

@@ -104,7 +104,7 @@ def test_full_suite_is_the_acceptance_set():
     # matmul: the GEMM issue's 6 shapes x 4 dtypes in nn, and 22 Hopper cases (see
     # test_full_suite_matmul_cases); scaled_matmul: 5 (test_scaled_matmul_cases); + the
     # attention acceptance set
-    assert len(cs) == 1 + 5 * 9 + 9 + 6 * 4 + 22 + 5 + 14
+    assert len(cs) == 1 + 5 * 9 + 9 + 6 * 4 + 22 + 5 + ATTN_CASES
     assert cases.suite_ops("full") == cases.OPS
 
 
@@ -429,6 +429,12 @@ def test_format_plan():
 ATTN_PREFILL = [cases.AttnShape(4, 16, 16, 4096, 4096, 128), cases.AttnShape(4, 32, 32, 4096, 4096, 64)]
 ATTN_GQA = cases.AttnShape(1, 32, 8, 8192, 8192, 128)
 ATTN_DECODE = [cases.AttnShape(b, 32, 8, 1, s, 128) for b in (16, 64) for s in (4096, 32768)]
+# the Hopper attention issue's: head_dim 256 both masks, D128 short and very long non-causal,
+# chunked prefill (bottom-right causal)
+ATTN_D256 = cases.AttnShape(2, 8, 8, 4096, 4096, 256)
+ATTN_SHORT, ATTN_LONG = cases.AttnShape(16, 16, 16, 1024, 1024, 128), cases.AttnShape(1, 16, 16, 16384, 16384, 128)
+ATTN_CHUNK = cases.AttnShape(4, 16, 16, 1024, 8192, 128)
+ATTN_CASES = 14 + 4 + 2 + 2 + 2
 
 
 @pytest.mark.parametrize("text,shape", [
@@ -539,7 +545,10 @@ def test_attention_acceptance_set_in_full_suite_and_op_attention():
         want |= {(tuple(shape), m, d) for m in ("none", "causal") for d in ("float16", "bfloat16")}
     want |= {(tuple(ATTN_GQA), "causal", d) for d in ("float16", "bfloat16")}
     want |= {(tuple(s), "none", "bfloat16") for s in ATTN_DECODE}
-    assert len(want) == 14
+    want |= {(tuple(ATTN_D256), m, d) for m in ("none", "causal") for d in ("float16", "bfloat16")}
+    want |= {(tuple(s), "none", d) for s in (ATTN_SHORT, ATTN_LONG) for d in ("float16", "bfloat16")}
+    want |= {(tuple(ATTN_CHUNK), "causal_br", d) for d in ("float16", "bfloat16")}
+    assert len(want) == ATTN_CASES
     assert attention_cases(cases.expand_cases(cases.OPS, "full")) == want
     # the default (quick) run has no attention; --op attention is the acceptance set
     assert not attention_cases(cases.expand_cases(cases.suite_ops("quick"), "quick"))
@@ -555,9 +564,9 @@ def test_attention_acceptance_set_in_full_suite_and_op_attention():
 
 def test_attention_selection_options():
     cs = cases.expand_cases(("attention",), "quick", masks=("causal",))
-    assert {c.mask for c in cs} == {"causal"} and len(cs) == 6
+    assert {c.mask for c in cs} == {"causal"} and len(cs) == 8
     cs = cases.expand_cases(("attention",), "quick", dtypes=("float16",))
-    assert {c.dtype for c in cs} == {"float16"} and len(cs) == 5 + 4  # decode in fp16 too
+    assert {c.dtype for c in cs} == {"float16"} and len(cs) == 5 + 4 + 5  # decode in fp16 too
     shape = cases.parse_shape("B2xHq8xHkv2xSq3xSkv11xD64")
     cs = cases.expand_cases(("attention",), "full", shapes=(shape,))
     assert [(c.mask, c.dtype) for c in cs] == [("none", "float16"), ("none", "bfloat16")]
@@ -604,9 +613,11 @@ def test_attention_slow_rungs_and_baselines():
     assert prefill["tiled"].skip is None and prefill["flash_v1"].skip is None
     assert "4096 query rows > 16" in prefill["decode"].skip
     assert [n for n, i in prefill.items() if i.kind == "baseline"] == ["torch-flash", "torch-cudnn"]
-    for impls in by.values():
+    for (shape, _, _), impls in by.items():
         assert impls["flash"].skip is None and impls["auto"].skip is None
-        assert impls["tiled"].skip is None and impls["flash_v1"].skip is None
+        # the CUDA-core rungs run on every case but the 2.2 TFLOP one at 16384 tokens
+        slow = shape == str(ATTN_LONG)
+        assert (impls["tiled"].skip is None) != slow and (impls["flash_v1"].skip is None) != slow
     decode = by[(str(ATTN_DECODE[-1]), "none", "bfloat16")]
     assert not any(i.skip for i in decode.values())  # naive: 0.25 GiB of scores
     assert [n for n, i in decode.items() if i.kind == "baseline"] == [
@@ -642,7 +653,7 @@ def test_list_shows_attention_plan(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert ("attention causal bfloat16 B1xHq32xHkv8xSq8192xSkv8192xD128: naive (skipped), tiled, "
             "flash_v1, flash, decode (skipped), auto, torch-flash, torch-cudnn") in out
-    assert out.strip().endswith("14 cases, 100 impl runs")
+    assert out.strip().endswith(f"{ATTN_CASES} cases, 164 impl runs")
 
 
 # --- the sampled reference

@@ -5,7 +5,7 @@ import pytest
 
 from cupyops import CompileError, _dtypes, _kernels, _nvrtc
 from cupyops.bench import timing
-from cupyops.ops import OPS, _attention_wgmma, kernel_files
+from cupyops.ops import OPS, _attention_flash3, kernel_files
 
 try:
     _nvrtc.find_libnvrtc()
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(_missing is not None, reason=f"NVRTC unavailable
 FILES = {kf.filename: kf for kf in kernel_files()}
 FILES[timing.HOLD.filename] = timing.HOLD  # the benchmark's own kernel compiles here too
 # a rung written but not yet in the ladder (its GPU tests call the launcher) compiles here too
-FILES[_attention_wgmma.KERNELS.filename] = _attention_wgmma.KERNELS
+FILES[_attention_flash3.KERNELS.filename] = _attention_flash3.KERNELS
 
 
 @pytest.fixture(scope="module", params=[(f, a) for f in FILES for a in FILES[f].archs],

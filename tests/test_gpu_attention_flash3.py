@@ -1,24 +1,22 @@
-"""GPU tier for the Hopper attention rung (cupyops/ops/_attention_wgmma.py), before it joins
-the ladder: each test registers it with the operator for its own duration, then checks
-cupyops.attention(impl="flash_wgmma") against the float64 reference as the ladder's
-tests do (test_gpu_attention.run_case: out= poisoned with NaN, LSE, rows that see no key,
-both layouts, GQA, both causal alignments, edges in both lengths)."""
+"""GPU tier for the Hopper attention rung (cupyops/ops/_attention_flash3.py) beyond what
+test_gpu_attention.py draws for every rung: fixed cases at its own tile sizes (more than
+one K/V tile, more than one query tile, the ring wrapping), every tile configuration,
+strided views and large scores, each against the float64 reference as the ladder's tests
+do (test_gpu_attention.run_case: out= poisoned with NaN, LSE, rows that see no key, both
+layouts, GQA, both causal alignments, edges in both lengths)."""
 import pytest
 
-from cupyops.ops import _attention_wgmma, attention
+from cupyops import _launch
+from cupyops.ops import _attention_flash3
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
-def rung(monkeypatch):
-    import cupy
-
-    if cupy.cuda.Device().compute_capability != "90":
-        pytest.skip("flash_wgmma runs on sm_90")
-    monkeypatch.setitem(attention._LAUNCHERS, "flash_wgmma", _attention_wgmma)
-    monkeypatch.setitem(attention.LADDER, "flash_wgmma", _attention_wgmma.VARIANTS["flash_wgmma"])
-    return "flash_wgmma"
+def rung():
+    if not _attention_flash3.runs_here(_launch.device_props()):
+        pytest.skip("flash3 runs on sm_90")
+    return "flash3"
 
 
 CASES = [  # (B, Sq, Skv, Hq, Hkv, D, causal, align, layout)
@@ -43,15 +41,15 @@ def test_matches_reference(rung, dtype, case):
     assert run_case(rung, dtype, B, Sq, Skv, Hq, Hkv, D, causal=causal, align=align, layout=layout)
 
 
-@pytest.mark.parametrize("D", _attention_wgmma.HEAD_DIMS)
+@pytest.mark.parametrize("D", _attention_flash3.HEAD_DIMS)
 def test_every_config(rung, D, monkeypatch):
     from test_gpu_attention import run_case
 
-    for cfg in _attention_wgmma.CONFIGS[D]:
-        real = _attention_wgmma.launch
-        monkeypatch.setattr(_attention_wgmma, "launch", lambda impl, p, config=None, _c=cfg: real(impl, p, _c))
+    for cfg in _attention_flash3.CONFIGS[D]:
+        real = _attention_flash3.launch
+        monkeypatch.setattr(_attention_flash3, "launch", lambda impl, p, config=None, _c=cfg: real(impl, p, _c))
         assert run_case(rung, "bfloat16", 1, 200, 333, 4, 2, D, causal=True, align="bottom_right", big=True)
-        monkeypatch.setattr(_attention_wgmma, "launch", real)
+        monkeypatch.setattr(_attention_flash3, "launch", real)
 
 
 def test_strided_views_and_large_scores(rung):

@@ -159,6 +159,13 @@ ATTENTION_CASES = (
     (AttnShape(4, 16, 16, 4096, 4096, 128), ("none", "causal"), _HALF),
     (AttnShape(4, 32, 32, 4096, 4096, 64), ("none", "causal"), _HALF),
     (AttnShape(1, 32, 8, 8192, 8192, 128), ("causal",), _HALF),
+    # the Hopper attention issue's additions: head_dim 256 (Gemma class), short and very
+    # long sequences, and chunked prefill (a 1024-token chunk against an 8192-token cache,
+    # judged against the square causal case of its head_dim in TFLOP/s)
+    (AttnShape(2, 8, 8, 4096, 4096, 256), ("none", "causal"), _HALF),
+    (AttnShape(16, 16, 16, 1024, 1024, 128), ("none",), _HALF),
+    (AttnShape(1, 16, 16, 16384, 16384, 128), ("none",), _HALF),
+    (AttnShape(4, 16, 16, 1024, 8192, 128), ("causal_br",), _HALF),
     *((AttnShape(b, 32, 8, 1, skv, 128), ("none",), ("bfloat16",))
       for b in (16, 64) for skv in (4096, 32768)),
 )

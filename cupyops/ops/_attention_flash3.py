@@ -1,8 +1,8 @@
-"""The Hopper FlashAttention rung of kernels/attention_wgmma.cu (sm_90a: wgmma + TMA, a
+"""The Hopper FlashAttention rung of kernels/attention_flash3.cu (sm_90a: wgmma + TMA, a
 producer and two consumer warpgroups), and its launcher (the launcher-module interface is
 described in _attention_problem.py).
 
-``attention_wgmma<T, D, BC, STAGES>``: one block per (128 query rows, query head, batch
+``attention_flash3<T, D, BC, STAGES>``: one block per (128 query rows, query head, batch
 element), K/V tiles of BC keys through a STAGES-deep ring. ``config`` (see ``CONFIGS``)
 forces one; ``None`` takes the head_dim's first.
 
@@ -11,20 +11,19 @@ strides, so any layout whose head_dim axis is contiguous runs without a copy, as
 a map can describe it: 16-byte aligned tensors with strides that are multiples of 16
 bytes (``supports`` says so otherwise).
 
-Not yet in the ladder: the module is compiled by the CPU tier and its kernels are
-checked against the reference by the GPU tier through ``launch``; it joins
-``attention.LAUNCHER_MODULES`` (and ``auto``) once those runs pass and it is measured.
+It runs on compute capability 9.0 alone (``runs_here``): ``auto`` takes it there and
+falls back to ``flash`` elsewhere.
 """
 from .. import _dtypes, _launch, _tma
 from .._kernels import SPLIT_COMPILE, KernelFile, template_name
 from ._attention_problem import tensor_core_reason, tile_config
 
 VARIANTS = {
-    "flash_wgmma": "FlashAttention on Hopper (sm_90a): a TMA producer warpgroup and two wgmma consumer "
+    "flash3": "FlashAttention on Hopper (sm_90a): a TMA producer warpgroup and two wgmma consumer "
     "warpgroups of 64 query rows, K/V tiles through an mbarrier ring, S = Q K^T from shared memory, "
     "P V with P in registers (float16, bfloat16; head_dim 64, 128)",
 }
-DTYPES = {"flash_wgmma": ("float16", "bfloat16")}
+DTYPES = {"flash3": ("float16", "bfloat16")}
 ARCH = "sm_90a"
 BR = 128  # query rows of a block
 THREADS = 384
@@ -36,10 +35,10 @@ HEAD_DIMS = tuple(CONFIGS)
 
 def _name(dtype, hd, cfg):
     bc, stages = CONFIGS[hd][cfg]
-    return template_name("attention_wgmma", _dtypes.cuda_type(dtype), hd, bc, stages)
+    return template_name("attention_flash3", _dtypes.cuda_type(dtype), hd, bc, stages)
 
 
-KERNELS = KernelFile("attention_wgmma.cu", [_name(dt, hd, c) for dt in DTYPES["flash_wgmma"] for hd in CONFIGS
+KERNELS = KernelFile("attention_flash3.cu", [_name(dt, hd, c) for dt in DTYPES["flash3"] for hd in CONFIGS
                                             for c in CONFIGS[hd]], options=SPLIT_COMPILE, arch=ARCH)
 KERNEL_FILES = [KERNELS]
 
@@ -74,28 +73,28 @@ def _specs(p, cfg):
 
 
 def supports(impl, p, config=None):
-    """None when ``flash_wgmma`` can run ``p``, else the reason (naming the argument)."""
-    if impl != "flash_wgmma":
-        return f"impl: unknown attention_wgmma rung {impl!r}; expected flash_wgmma"
+    """None when ``flash3`` can run ``p``, else the reason (naming the argument)."""
+    if impl != "flash3":
+        return f"impl: unknown attention_flash3 rung {impl!r}; expected flash3"
     reason = _shape_reason(p)
     if reason is None and not p.aligned16():
-        reason = "q: flash_wgmma needs 16-byte aligned rows in q, k, v and out (pointers and strides)"
+        reason = "q: flash3 needs 16-byte aligned rows in q, k, v and out (pointers and strides)"
     if reason is None and None in _specs(p, config or next(iter(CONFIGS[p.D]))):
-        reason = "q: flash_wgmma needs q, k and v describable by tensor maps (strides multiples of 16 bytes)"
+        reason = "q: flash3 needs q, k and v describable by tensor maps (strides multiples of 16 bytes)"
     return reason
 
 
 def _shape_reason(p):
-    return tensor_core_reason(p, "flash_wgmma", DTYPES["flash_wgmma"], HEAD_DIMS)
+    return tensor_core_reason(p, "flash3", DTYPES["flash3"], HEAD_DIMS)
 
 
 def plan(p, config=None):
     """The ``_launch.Launch`` for ``p`` (a plain function of numbers: the CPU tier checks
     it)."""
-    cfg = tile_config(p, "flash_wgmma", CONFIGS, config, _shape_reason(p))
+    cfg = tile_config(p, "flash3", CONFIGS, config, _shape_reason(p))
     grid = (_launch.cdiv(p.Sq, BR), p.Hq, p.B)
     return _launch.Launch(KERNELS, _name(p.dtype, p.D, cfg), grid, (THREADS,), smem_bytes(p.D, cfg),
-                          "attention impl='flash_wgmma'")
+                          "attention impl='flash3'")
 
 
 def runs_here(props):
@@ -103,12 +102,12 @@ def runs_here(props):
 
 
 def launch(impl, p, config=None):
-    """Run ``flash_wgmma`` on problem ``p`` on CuPy's current stream."""
+    """Run ``flash3`` on problem ``p`` on CuPy's current stream."""
     if p.B == 0 or p.Hq == 0 or p.Sq == 0:
         return
     props = _launch.device_props()
     if not runs_here(props):
-        raise ValueError(f"impl: 'flash_wgmma' needs a compute-capability 9.0 GPU (H100, H200) and a driver with "
+        raise ValueError(f"impl: 'flash3' needs a compute-capability 9.0 GPU (H100, H200) and a driver with "
                          f"tensor maps; this is {props.name} (sm_{props.cc})")
     reason = supports(impl, p, config)
     if reason:

@@ -94,7 +94,7 @@ MAX_GRID_YZ = 65535  # one block row per query head, one block plane per batch e
 
 
 def tensor_core_reason(p, rung, dtypes, head_dims):
-    """Why a tensor-core rung (``flash``, ``flash_wgmma``: 16-bit types, a few head_dims,
+    """Why a tensor-core rung (``flash``, ``flash3``: 16-bit types, a few head_dims,
     a grid of (query tiles, heads, batch), the scale folded into exp2 of raw-score maxima)
     cannot take problem ``p``, naming the argument; None when it can."""
     if p.dtype not in dtypes:

@@ -1,5 +1,5 @@
 """attention: scaled dot-product attention (kernels/attention.cu, attention_flash.cu,
-attention_decode.cu).
+attention_flash3.cu, attention_decode.cu).
 
     O[b, i, h] = sum_j softmax_j(scale * q[b, i, h] . k[b, j, hk]) v[b, j, hk],
     hk = h // (q_heads // kv_heads)
@@ -21,8 +21,8 @@ import types
 import numpy as np
 
 from .._interop import foreign_arrays
-from .. import _arrays, _dtypes
-from . import _attention_decode, _attention_flash, _attention_simt
+from .. import _arrays, _dtypes, _launch
+from . import _attention_decode, _attention_flash, _attention_flash3, _attention_simt
 from ._attention_problem import MAX_HEAD_DIM, AttentionProblem
 
 LAYOUTS = ("bshd", "bhsd")
@@ -31,7 +31,7 @@ DECODE_MAX_Q = 16  # auto: q_len up to this goes to "decode" when it is register
 _F32_MAX = float(np.finfo(np.float32).max)
 
 # The ladder, textbook first: the CUDA-core rungs, then the tensor-core and decode rungs.
-LAUNCHER_MODULES = (_attention_simt, _attention_flash, _attention_decode)
+LAUNCHER_MODULES = (_attention_simt, _attention_flash, _attention_flash3, _attention_decode)
 
 
 def build_ladder(modules):
@@ -60,13 +60,16 @@ def _can_run(impl, p):
     return mod is not None and p.dtype in mod.DTYPES[impl] and mod.supports(impl, p) is None
 
 
-def auto_impl(p):
+def auto_impl(p, hopper=False):
     """The rung ``impl="auto"`` runs on problem ``p``: ``decode`` for decode-shaped queries
-    (q_len <= 16: the work is a stream over K and V), else the tensor-core ``flash`` where
+    (q_len <= 16: the work is a stream over K and V), else the Hopper ``flash3`` on a GPU
+    that runs it (``hopper``: sm_90) where it runs the problem, else the tensor-core ``flash`` where
     it runs the problem (dtype, head_dim, alignment), else ``flash_v1`` (the CUDA-core
     FlashAttention: any dtype, any head_dim up to 256, any strides)."""
     if p.Sq <= DECODE_MAX_Q and _can_run("decode", p):
         return "decode"
+    if hopper and _can_run("flash3", p):
+        return "flash3"
     if _can_run("flash", p):
         return "flash"
     return "flash_v1"
@@ -142,7 +145,7 @@ def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, lay
                          out if out is not None and not host else _Fresh(q.shape, q.dtype),
                          _Fresh((B, Hq, Sq), np.float32) if return_lse else None, scale, causal, offset)
         if impl == "auto":
-            impl = auto_impl(probe)
+            impl = auto_impl(probe, hopper=_hopper())
         else:
             reason = _LAUNCHERS[impl].supports(impl, probe)
             if reason:
@@ -165,6 +168,13 @@ def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, lay
     if not return_lse:
         return result
     return result, _arrays.finish(lse, None, call)
+
+
+def _hopper():
+    """Whether the current GPU runs the sm_90a rung. (Without CuPy or a GPU: CuPy's error,
+    which says what is missing.)"""
+    _arrays.cupy_module()
+    return _attention_flash3.runs_here(_launch.device_props())
 
 
 # ------------------------------------------------------------------------- checking
