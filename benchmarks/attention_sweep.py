@@ -1,6 +1,6 @@
 """Tile-configuration sweep for the tensor-core attention rungs: every ``config`` of
-cupyops/ops/_attention_flash.py and _attention_flash3.py CONFIGS (``--rungs``; flash3,
-the Hopper rung, before it is in the ladder too) on the issue's acceptance shapes, validated on
+cupyops/ops/_attention_flash.py and _attention_flash3.py CONFIGS (``--rungs``; flash3's
+configurations include its serial and overlap schedules) on the issue's acceptance shapes, validated on
 sampled query rows against a float64 computation, then timed (CUDA events, L2 flushed,
 median) side by side with PyTorch SDPA's flash and cuDNN backends on the same data. The
 default configuration of each head_dim is chosen from this.
@@ -20,7 +20,8 @@ from cupyops.ops._attention_problem import AttentionProblem
 
 # (B, Hq, Hkv, S, D, causal)
 SHAPES = [(4, 16, 16, 4096, 128, False), (4, 16, 16, 4096, 128, True), (4, 32, 32, 4096, 64, False),
-          (4, 32, 32, 4096, 64, True), (1, 32, 8, 8192, 128, True)]
+          (4, 32, 32, 4096, 64, True), (1, 32, 8, 8192, 128, True), (2, 8, 8, 4096, 256, False),
+          (2, 8, 8, 4096, 256, True)]
 
 
 def flops(B, Hq, S, D, causal):
@@ -95,7 +96,7 @@ def main():
                       f"{fl / ms / 1e9:6.1f} TFLOP/s", flush=True)
             for impl in rungs:
                 mod = launchers[impl]
-                for cfg in mod.CONFIGS[D]:
+                for cfg in mod.CONFIGS.get(D, ()):
                     o.fill(np.nan)
                     mod.launch(impl, p, cfg)
                     got = o[0][rows][:, heads].get().astype(np.float64)

@@ -1,6 +1,6 @@
-// attention_flash3.cu: FlashAttention on Hopper's warpgroup tensor-core instructions (sm_90a),
-// float16 / bfloat16, under the contract of attention_common.cuh (ATTN_PARAMS: strided
-// Q/K/V/O, GQA, both causal alignments, optional LSE).
+// attention_flash3.cu: FlashAttention on Hopper's warpgroup tensor-core instructions
+// (sm_90a), float16 / bfloat16, under the contract of attention_common.cuh (ATTN_PARAMS:
+// strided Q/K/V/O, GQA, both causal alignments, optional LSE).
 //
 // Why a new rung: attention_flash.cu (FlashAttention-2 on mma.sync) brings every K and V
 // fragment through registers with ldmatrix; on an H100 it runs at 0.57-0.72x of cuDNN's
@@ -8,10 +8,11 @@
 //   - one block per (128 query rows, query head, batch element): a producer warpgroup
 //     (one thread issuing tensor copies, registers given back with setmaxnreg) and two
 //     consumer warpgroups of 64 query rows each (registers taken);
-//   - the producer copies the block's Q once, then K and V tiles of BC keys into a
-//     STAGES-deep ring of full/empty mbarriers (sm90.cuh Pipeline), by TMA tensor maps of
-//     the strided tensors (head_dim, rows, heads, batch): no layout needs a copy, rows
-//     past the tensor read as zeros;
+//   - the producer copies the block's Q once, then K and V tiles of BC keys into two
+//     STAGES-deep rings of full/empty mbarriers (sm90.cuh Pipeline; K and V apart, so a K
+//     tile is released as soon as its scores are made), by TMA tensor maps of the strided
+//     tensors (head_dim, rows, heads, batch): no layout needs a copy, rows past the tensor
+//     read as zeros;
 //   - S = Q K^T: one m64nBCk16 wgmma per 16 of head_dim, both operands from shared
 //     memory, K-major as stored (head_dim contiguous);
 //   - the online softmax runs on the S accumulators in registers (scale * log2(e) folded
@@ -20,10 +21,16 @@
 //     accumulator layout of S is the register-A fragment layout: sm90.cuh
 //     wgmma_m64nNk16_rs), V from shared memory through the transpose immediate (V is
 //     stored key-major, head_dim contiguous);
-//   - each consumer waits for its own wgmmas before the softmax and before releasing a
-//     stage: the two consumer warpgroups overlap each other's softmax with their
-//     wgmmas. (FlashAttention-3 also overlaps the softmax of one tile with the S = Q K^T
-//     of the next inside a warpgroup; not here yet.)
+//   - SCHED, the consumers' schedule, is the ladder inside the rung (NOTES has what each
+//     step bought):
+//       SERIAL   each tile: S = Q K^T, wait, softmax, O += P V, wait;
+//       OVERLAP  FlashAttention-3's intra-warpgroup overlap: the S = Q K^T of tile j and
+//                the P V of tile j - 1 are issued together, and the softmax of tile j runs
+//                while P V is in flight (O is rescaled before P V is issued, by the factor
+//                of the softmax before);
+//       PINGPONG OVERLAP, and the two consumer warpgroups take turns issuing their wgmmas
+//                (two named barriers), so that one's softmax runs while the other's GEMMs
+//                use the tensor cores;
 //   - causal: tiles past the block's last visible key are never loaded, and only tiles
 //     that reach past a row's last visible key (or the end of K) pay for the mask; the
 //     grid runs the longest query tiles first;
@@ -31,18 +38,18 @@
 //     (two elements a 4-byte store); the LSE is (m + log2(l)) * ln 2.
 //
 // Shared memory (1024-byte aligned for the 128-byte swizzle): Q as 2 x D/64 pieces of
-// 64 rows x 64 head_dim (8 KB each: consumer warpgroup w's rows at piece w * D/64), then
-// the ring: a stage is K (D/64 pieces of BC rows x 64 head_dim, K-major) then V (BC/64 x
-// D/64 pieces of 64 keys x 64 head_dim, rows of 64 head_dim: the MN-major layout of
-// sm90.cuh SwizzledTile16<true>), then the ring's barriers and Q's.
+// 64 rows x 64 head_dim (8 KB each: consumer warpgroup w's rows at piece w * D/64), the K
+// ring (a stage: D/64 pieces of BC rows x 64 head_dim, K-major), the V ring (a stage: BC/64
+// x D/64 pieces of 64 keys x 64 head_dim, rows of 64 head_dim: the MN-major layout of
+// sm90.cuh SwizzledTile16<true>), then the two rings' barriers and Q's.
 //
 // Launch geometry (cupyops/ops/_attention_flash3.py computes the same numbers):
-//   attention_flash3<T, HD, BC, STAGES> (HD = head_dim, 64 or 128): block 384; grid
-//   (cdiv(Sq, 128), Hq, B); dynamic shared memory 128 * D * 2 + STAGES * 2 * BC * D * 2 +
-//   1 KB (alignment) + 16 * STAGES + 8. Tensor maps of Q, K, V: 4-D (D, rows, heads,
-//   batch) of 16-bit elements with the 128-byte swizzle, boxes (64, 64, 1, 1) for Q and
-//   V, (64, BC, 1, 1) for K. Needs 16-byte aligned tensors with strides that are
-//   multiples of 16 bytes (the launcher checks).
+//   attention_flash3<T, HD, BC, STAGES, SCHED> (HD = head_dim: 64, 128 or 256): block 384;
+//   grid (cdiv(Sq, 128), Hq, B); dynamic shared memory 128 * D * 2 + STAGES * 2 * BC * D *
+//   2 + 1 KB (alignment) + 32 * STAGES + 8. Tensor maps of Q, K, V: 4-D (D, rows, heads,
+//   batch) of 16-bit elements with the 128-byte swizzle, boxes (64, 64, 1, 1) for Q and V,
+//   (64, BC, 1, 1) for K. Needs 16-byte aligned tensors with strides that are multiples of
+//   16 bytes (the launcher checks).
 #include "attention_common.cuh"
 #include "gemm_sm90.cuh"
 
@@ -53,13 +60,15 @@ namespace fa3 {
 
 constexpr int BR = 128;  // query rows of a block: 64 a consumer warpgroup
 constexpr unsigned PIECE = 8192;  // 64 rows x 128 bytes
+enum Sched { SERIAL = 0, OVERLAP = 1, PINGPONG = 2 };
+// Named barriers 1 and 2: "consumer warpgroup 0 (1) may issue its wgmmas" (PINGPONG).
+constexpr int TURN_BARRIER = 1;
 
 template <int D, int BC> struct Layout {
-    static_assert(D == 64 || D == 128, "attention_flash3: head_dim 64 or 128");
+    static_assert(D == 64 || D == 128 || D == 256, "attention_flash3: head_dim 64, 128 or 256");
     static_assert(BC % 64 == 0 && BC <= 256, "attention_flash3: key tiles of whole 64-row pieces");
     static constexpr int DP = D / 64;  // 64-wide pieces of head_dim
     static constexpr unsigned Q_BYTES = BR * D * 2, K_BYTES = BC * D * 2, V_BYTES = BC * D * 2;
-    static constexpr unsigned STAGE_BYTES = K_BYTES + V_BYTES;
     static constexpr unsigned K_PIECE = BC * 128;  // a 64-wide slice of head_dim of all BC keys
 };
 
@@ -76,22 +85,118 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+// One consumer warpgroup's state and steps: 64 query rows, O and the running max and sum
+// in registers (a thread holds rows r0 = 16 warp + lane / 4 and r0 + 8, index hh).
+template <typename T, int HD, int BC, int STAGES> struct Consumer {
+    typedef Layout<HD, BC> L;
+    unsigned q_tile, k_ring, v_ring;
+    float scale2;  // scale * log2(e)
+    int vis[2], vis_min;  // keys each of the thread's two rows sees, and the fewer
+    float o[HD / 2];
+    float m[2], l[2];
+
+    // S = Q K_j^T issued (not waited for).
+    __device__ __forceinline__ void issue_s(float (&s)[BC / 2], int j) {
+        const unsigned kst = k_ring + Pipeline<STAGES>::stage(j) * L::K_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk)
+            wgmma_m64nNk16<BC, T, false, false>(s, SwizzledTile16<false>::desc(q_tile + (kk / 4) * PIECE, kk % 4),
+                                                SwizzledTile16<false>::desc(kst + (kk / 4) * L::K_PIECE, kk % 4),
+                                                kk > 0);
+        wgmma_commit();
+    }
+
+    // O += P V_j issued (not waited for); P in registers, 16 keys a fragment.
+    __device__ __forceinline__ void issue_pv(unsigned (&pa)[BC / 16][4], int j) {
+        const unsigned vst = v_ring + Pipeline<STAGES>::stage(j) * L::V_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);  // (the packing stays above the fence)
+        fence_regs(o);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk)
+            wgmma_m64nNk16_rs<HD, T, true>(o, pa[kk],
+                                           SwizzledTile16<true>::desc(vst + (kk / 4) * L::DP * PIECE, kk % 4), true);
+        wgmma_commit();
+    }
+
+    // The online softmax of tile j in base 2, in place (S -> P): keys past what a row sees
+    // (its causal limit, or the end of K) weigh nothing; m and l move to the tile, and
+    // alpha is what O (accumulated against the old m) must be multiplied by.
+    __device__ __forceinline__ void softmax(float (&s)[BC / 2], int j, int lane, float (&alpha)[2]) {
+        const int key0 = j * BC + 2 * (lane % 4);
+        if (j * BC + BC > vis_min) {
+#pragma unroll
+            for (int c = 0; c < BC / 8; ++c)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        if (key0 + 8 * c + e >= vis[hh]) s[4 * c + 2 * hh + e] = -CUOPS_INF;
+        }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float mx = -CUOPS_INF;
+#pragma unroll
+            for (int c = 0; c < BC / 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * hh], s[4 * c + 2 * hh + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[hh], mx * scale2);
+            const float base = m_new == -CUOPS_INF ? 0.f : m_new;  // a row with no key yet: all p are 0
+            alpha[hh] = fast_exp2(m[hh] - base);
+            m[hh] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int c = 0; c < BC / 8; ++c)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float p = fast_exp2(fmaf(s[4 * c + 2 * hh + e], scale2, -base));
+                    s[4 * c + 2 * hh + e] = p;
+                    sum += p;
+                }
+            l[hh] = l[hh] * alpha[hh] + sum;
+        }
+    }
+
+    __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
+#pragma unroll
+        for (int c = 0; c < HD / 8; ++c)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                o[4 * c + 2 * hh] *= alpha[hh];
+                o[4 * c + 2 * hh + 1] *= alpha[hh];
+            }
+    }
+
+    // P as the register A operand of P V, rounded to T.
+    __device__ __forceinline__ static void pack(unsigned (&pa)[BC / 16][4], const float (&s)[BC / 2]) {
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+    }
+};
+
 }  // namespace fa3
 
-template <typename T, int HD, int BC, int STAGES>
+template <typename T, int HD, int BC, int STAGES, int SCHED>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     attention_flash3(ATTN_PARAMS(T), const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapK,
-                    const __grid_constant__ TmaMap mapV) {
+                     const __grid_constant__ TmaMap mapV) {
     using namespace fa3;
     typedef Layout<HD, BC> L;
     static_assert(sizeof(T) == 2, "attention_flash3: float16 and bfloat16");
+    static_assert(SCHED == SERIAL || SCHED == OVERLAP || SCHED == PINGPONG, "attention_flash3: SCHED");
     extern __shared__ unsigned char smem_raw[];
     const unsigned q_smem = ring_base(smem_raw);
-    const unsigned ring = q_smem + L::Q_BYTES;
-    const Pipeline<STAGES> pipe{ring + STAGES * L::STAGE_BYTES};
-    const Barrier q_full{pipe.base + Pipeline<STAGES>::BYTES};
+    const unsigned k_ring = q_smem + L::Q_BYTES, v_ring = k_ring + STAGES * L::K_BYTES;
+    const Pipeline<STAGES> kpipe{v_ring + STAGES * L::V_BYTES};
+    const Pipeline<STAGES> vpipe{kpipe.base + Pipeline<STAGES>::BYTES};
+    const Barrier q_full{vpipe.base + Pipeline<STAGES>::BYTES};
     if (threadIdx.x == 0) {
-        pipe.init(2);  // an empty phase: one arrival per consumer warpgroup
+        kpipe.init(2);  // an empty phase: one arrival per consumer warpgroup
+        vpipe.init(2);
         q_full.init(1);
         mbar_init_fence();
     }
@@ -112,17 +217,21 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 for (int p = 0; p < L::DP; ++p)
                     tma_load_4d(q_smem + (w * L::DP + p) * PIECE, &mapQ, 64 * p, q0 + 64 * w, h, b, q_full.addr);
             for (int j = 0; j < tiles; ++j) {
-                pipe.producer_acquire(j);
-                pipe.producer_expect(j, L::STAGE_BYTES);
-                const unsigned st = ring + pipe.stage(j) * L::STAGE_BYTES, bar = pipe.full(j).addr;
+                kpipe.producer_acquire(j);
+                kpipe.producer_expect(j, L::K_BYTES);
+                const unsigned kst = k_ring + kpipe.stage(j) * L::K_BYTES;
 #pragma unroll
-                for (int p = 0; p < L::DP; ++p) tma_load_4d(st + p * L::K_PIECE, &mapK, 64 * p, j * BC, hk, b, bar);
+                for (int p = 0; p < L::DP; ++p)
+                    tma_load_4d(kst + p * L::K_PIECE, &mapK, 64 * p, j * BC, hk, b, kpipe.full(j).addr);
+                vpipe.producer_acquire(j);
+                vpipe.producer_expect(j, L::V_BYTES);
+                const unsigned vst = v_ring + vpipe.stage(j) * L::V_BYTES;
 #pragma unroll
                 for (int kb = 0; kb < BC / 64; ++kb)
 #pragma unroll
                     for (int p = 0; p < L::DP; ++p)
-                        tma_load_4d(st + L::K_BYTES + (kb * L::DP + p) * PIECE, &mapV, 64 * p, j * BC + 64 * kb, hk, b,
-                                    bar);
+                        tma_load_4d(vst + (kb * L::DP + p) * PIECE, &mapV, 64 * p, j * BC + 64 * kb, hk, b,
+                                    vpipe.full(j).addr);
             }
         }
         __syncwarp();
@@ -133,104 +242,104 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     setmaxnreg_inc<WS_CONSUMER_REGS>();
     const int w = warpgroup() - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const bool leader = threadIdx.x % WG == 0;
-    const unsigned q_tile = q_smem + w * L::DP * PIECE;
-    const float scale2 = scale * attn::LOG2E;
-    int row[2], vis[2];
+    Consumer<T, HD, BC, STAGES> c;
+    c.q_tile = q_smem + w * L::DP * PIECE;
+    c.k_ring = k_ring;
+    c.v_ring = v_ring;
+    c.scale2 = scale * attn::LOG2E;
+    int row[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         row[hh] = q0 + 64 * w + 16 * warp + lane / 4 + 8 * hh;
-        vis[hh] = attn::visible_keys(row[hh], Skv, causal, causal_offset);
+        c.vis[hh] = attn::visible_keys(row[hh], Skv, causal, causal_offset);
+        c.m[hh] = -CUOPS_INF;
+        c.l[hh] = 0.f;
     }
-    const int vis_min = min(vis[0], vis[1]);
+    c.vis_min = min(c.vis[0], c.vis[1]);
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) c.o[i] = 0.f;
 
-    float o[HD / 2];
-#pragma unroll
-    for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
-    float m[2] = {-CUOPS_INF, -CUOPS_INF}, l[2] = {0.f, 0.f};
+    // PINGPONG turns: warpgroup w waits for its turn before issuing wgmmas and hands the
+    // turn over after. Each issues tiles + 1 times; warpgroup 0 goes first (warpgroup 1
+    // gives it the first turn), and warpgroup 1 keeps its last hand-over, which nobody
+    // would take: every barrier phase is completed.
+    auto my_turn = [&] {
+        if constexpr (SCHED == PINGPONG) named_barrier_sync(TURN_BARRIER + w, 2 * WG);
+    };
+    auto your_turn = [&](bool last) {
+        if constexpr (SCHED == PINGPONG)
+            if (!(last && w == 1)) named_barrier_arrive(TURN_BARRIER + 1 - w, 2 * WG);
+    };
 
-    if (tiles > 0) q_full.wait(0);
-    for (int j = 0; j < tiles; ++j) {
-        pipe.consumer_wait(j);
-        const unsigned st = ring + pipe.stage(j) * L::STAGE_BYTES;
-        float s[BC / 2];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk)
-            wgmma_m64nNk16<BC, T, false, false>(s, SwizzledTile16<false>::desc(q_tile + (kk / 4) * PIECE, kk % 4),
-                                                SwizzledTile16<false>::desc(st + (kk / 4) * L::K_PIECE, kk % 4),
-                                                kk > 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(s);
-
-        // keys past what a row sees (its causal limit, or the end of K) weigh nothing
-        const int key0 = j * BC + 2 * (lane % 4);
-        if (j * BC + BC > vis_min) {
-#pragma unroll
-            for (int c = 0; c < BC / 8; ++c)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e)
-                        if (key0 + 8 * c + e >= vis[hh]) s[4 * c + 2 * hh + e] = -CUOPS_INF;
-        }
-
-        // online softmax in base 2: p = 2^(s * scale2 - m), O and l rescaled when m moves
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            float mx = -CUOPS_INF;
-#pragma unroll
-            for (int c = 0; c < BC / 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * hh], s[4 * c + 2 * hh + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[hh], mx * scale2);
-            const float base = m_new == -CUOPS_INF ? 0.f : m_new;  // a row with no key yet: all p are 0
-            const float alpha = fast_exp2(m[hh] - base);
-            m[hh] = m_new;
-            l[hh] *= alpha;
-#pragma unroll
-            for (int c = 0; c < HD / 8; ++c) {
-                o[4 * c + 2 * hh] *= alpha;
-                o[4 * c + 2 * hh + 1] *= alpha;
-            }
-#pragma unroll
-            for (int c = 0; c < BC / 8; ++c)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float p = fast_exp2(fmaf(s[4 * c + 2 * hh + e], scale2, -base));
-                    s[4 * c + 2 * hh + e] = p;
-                    l[hh] += p;
-                }
-        }
-
-        // P as the register A operand, 16 keys a fragment
+    if (tiles > 0) {
+        q_full.wait(0);
+        float s[BC / 2], alpha[2];
         unsigned pa[BC / 16][4];
+        if constexpr (SCHED == SERIAL) {
+            for (int j = 0; j < tiles; ++j) {
+                kpipe.consumer_wait(j);
+                c.issue_s(s, j);
+                wgmma_wait<0>();
+                fence_regs(s);
+                if (leader) kpipe.consumer_release(j);
+                c.softmax(s, j, lane, alpha);
+                c.rescale(alpha);
+                c.pack(pa, s);
+                vpipe.consumer_wait(j);
+                c.issue_pv(pa, j);
+                wgmma_wait<0>();
+                fence_regs(c.o);
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk)
+                for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);  // (read by the wgmmas until here)
+                if (leader) vpipe.consumer_release(j);
+            }
+        } else {
+            if (SCHED == PINGPONG && w == 1) your_turn(false);
+            kpipe.consumer_wait(0);
+            my_turn();
+            c.issue_s(s, 0);
+            your_turn(false);
+            wgmma_wait<0>();
+            fence_regs(s);
+            if (leader) kpipe.consumer_release(0);
+            c.softmax(s, 0, lane, alpha);  // (O is still zero: alpha has nothing to scale)
+            c.pack(pa, s);
+            for (int j = 1; j < tiles; ++j) {
+                kpipe.consumer_wait(j);
+                my_turn();
+                c.issue_s(s, j);
+                c.rescale(alpha);  // O of tiles < j - 1, to the max that P_{j-1} was made against
+                vpipe.consumer_wait(j - 1);
+                c.issue_pv(pa, j - 1);
+                your_turn(false);
+                wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
+                fence_regs(s);
+                if (leader) kpipe.consumer_release(j);
+                c.softmax(s, j, lane, alpha);
+                wgmma_wait<0>();
+                fence_regs(c.o);
 #pragma unroll
-            for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-
-        // the rescale of o and the packing of pa stay above the fence
-        fence_regs(o);
+                for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);
+                if (leader) vpipe.consumer_release(j - 1);
+                c.pack(pa, s);
+            }
+            c.rescale(alpha);
+            vpipe.consumer_wait(tiles - 1);
+            my_turn();
+            c.issue_pv(pa, tiles - 1);
+            your_turn(true);
+            wgmma_wait<0>();
+            fence_regs(c.o);
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk)
-            wgmma_m64nNk16_rs<HD, T, true>(
-                o, pa[kk], SwizzledTile16<true>::desc(st + L::K_BYTES + (kk / 4) * L::DP * PIECE, kk % 4), true);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(o);
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);  // (read by the wgmmas until here)
-        if (leader) pipe.consumer_release(j);
+            for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);
+            if (leader) vpipe.consumer_release(tiles - 1);
+        }
     }
 
     // epilogue: O / l (a row that saw no key: zeros, LSE -inf)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-        float lt = l[hh];
+        float lt = c.l[hh];
         lt += __shfl_xor_sync(0xffffffffu, lt, 1);
         lt += __shfl_xor_sync(0xffffffffu, lt, 2);
         const int i = row[hh];
@@ -238,11 +347,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         const float inv = lt > 0.f ? __frcp_rn(lt) : 0.f;
         T* orow = O + b * o_sb + static_cast<i64>(i) * o_ss + h * o_sh;
 #pragma unroll
-        for (int c = 0; c < HD / 8; ++c) {
-            const int d = 8 * c + 2 * (lane % 4);
-            *reinterpret_cast<unsigned*>(orow + d) = pack2<T>(o[4 * c + 2 * hh] * inv, o[4 * c + 2 * hh + 1] * inv);
+        for (int cc = 0; cc < HD / 8; ++cc) {
+            const int d = 8 * cc + 2 * (lane % 4);
+            *reinterpret_cast<unsigned*>(orow + d) =
+                pack2<T>(c.o[4 * cc + 2 * hh] * inv, c.o[4 * cc + 2 * hh + 1] * inv);
         }
         if (LSE != nullptr && lane % 4 == 0)
-            LSE[(static_cast<i64>(b) * Hq + h) * Sq + i] = lt > 0.f ? (m[hh] + log2f(lt)) * attn::LN2 : -CUOPS_INF;
+            LSE[(static_cast<i64>(b) * Hq + h) * Sq + i] = lt > 0.f ? (c.m[hh] + log2f(lt)) * attn::LN2 : -CUOPS_INF;
     }
 }

@@ -294,6 +294,12 @@ template <int R> __device__ __forceinline__ void fence_regs(unsigned (&d)[R]) {
 // two descriptors (%N/2, %N/2+1), the accumulate flag, and the transpose immediates of A and
 // B, which IMMEDIATES names (", %N/2+3, %N/2+4") for 16-bit types and leaves out ("") for
 // 8-bit ones, which have none.
+#define CUOPS_WGMMA_M64N64(KIND, IMMEDIATES)                                                 \
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %34, 0;\n\t"                                  \
+                 "wgmma.mma_async.sync.aligned.m64n64" KIND " " CUOPS_ACC32_REGS                       \
+                 ", %32, %33, p, 1, 1" IMMEDIATES ";\n}\n"                                          \
+                 : CUOPS_ACC32_OUTS                                                              \
+                 : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0))
 #define CUOPS_WGMMA_M64N128(KIND, IMMEDIATES)                                                \
     asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %66, 0;\n\t"                                  \
                  "wgmma.mma_async.sync.aligned.m64n128" KIND " " CUOPS_ACC64_REGS                      \
@@ -313,15 +319,18 @@ template <int R> __device__ __forceinline__ void fence_regs(unsigned (&d)[R]) {
                  : CUOPS_ACC128_OUTS                                                              \
                  : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0))
 
-// d (+)= A * B for a 64 x N x 16 step of a warpgroup (N = 128, 192 or 256: N / 2
+// d (+)= A * B for a 64 x N x 16 step of a warpgroup (N = 64, 128, 192 or 256: N / 2
 // accumulators a thread): T is __half or __nv_bfloat16, A and B in shared memory
 // (descriptors da, db); TRANS_A: A is M-major (stored K x M), TRANS_B: B is N-major (stored
 // K x N); accumulate false: d = A * B.
 template <int N, typename T, bool TRANS_A, bool TRANS_B>
 __device__ __forceinline__ void wgmma_m64nNk16(float (&d)[N / 2], u64 da, u64 db, bool accumulate) {
-    static_assert(N == 128 || N == 192 || N == 256, "wgmma_m64nNk16: N of 128, 192 or 256");
+    static_assert(N == 64 || N == 128 || N == 192 || N == 256, "wgmma_m64nNk16: N of 64, 128, 192 or 256");
     constexpr bool F16 = IsF16<T>::value;
-    if constexpr (N == 128) {
+    if constexpr (N == 64) {
+        if constexpr (F16) CUOPS_WGMMA_M64N64("k16.f32.f16.f16", ", %35, %36");
+        else CUOPS_WGMMA_M64N64("k16.f32.bf16.bf16", ", %35, %36");
+    } else if constexpr (N == 128) {
         if constexpr (F16) CUOPS_WGMMA_M64N128("k16.f32.f16.f16", ", %67, %68");
         else CUOPS_WGMMA_M64N128("k16.f32.bf16.bf16", ", %67, %68");
     } else if constexpr (N == 192) {
@@ -344,6 +353,7 @@ __device__ __forceinline__ void wgmma_m64nNk32_e4m3(float (&d)[N / 2], u64 da, u
     else if constexpr (N == 192) CUOPS_WGMMA_M64N192("k32.f32.e4m3.e4m3", "");
     else CUOPS_WGMMA_M64N256("k32.f32.e4m3.e4m3", "");
 }
+#undef CUOPS_WGMMA_M64N64
 #undef CUOPS_WGMMA_M64N128
 #undef CUOPS_WGMMA_M64N192
 #undef CUOPS_WGMMA_M64N256
@@ -371,21 +381,33 @@ __device__ __forceinline__ void wgmma_m64nNk32_e4m3(float (&d)[N / 2], u64 da, u
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(static_cast<int>(accumulate)), \
                    "n"(TRANS_B ? 1 : 0))
 
+#define CUOPS_WGMMA_RS_M64N256(KIND)                                                          \
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %133, 0;\n\t"                                 \
+                 "wgmma.mma_async.sync.aligned.m64n256" KIND " " CUOPS_ACC128_REGS                     \
+                 ", {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"                         \
+                 : CUOPS_ACC128_OUTS                                                             \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(static_cast<int>(accumulate)), \
+                   "n"(TRANS_B ? 1 : 0))
+
 template <int N, typename T, bool TRANS_B>
 __device__ __forceinline__ void wgmma_m64nNk16_rs(float (&d)[N / 2], const unsigned (&a)[4], u64 db,
                                                   bool accumulate) {
-    static_assert(N == 64 || N == 128, "wgmma_m64nNk16_rs: N of 64 or 128");
+    static_assert(N == 64 || N == 128 || N == 256, "wgmma_m64nNk16_rs: N of 64, 128 or 256");
     constexpr bool F16 = IsF16<T>::value;
     if constexpr (N == 64) {
         if constexpr (F16) CUOPS_WGMMA_RS_M64N64("k16.f32.f16.f16");
         else CUOPS_WGMMA_RS_M64N64("k16.f32.bf16.bf16");
-    } else {
+    } else if constexpr (N == 128) {
         if constexpr (F16) CUOPS_WGMMA_RS_M64N128("k16.f32.f16.f16");
         else CUOPS_WGMMA_RS_M64N128("k16.f32.bf16.bf16");
+    } else {
+        if constexpr (F16) CUOPS_WGMMA_RS_M64N256("k16.f32.f16.f16");
+        else CUOPS_WGMMA_RS_M64N256("k16.f32.bf16.bf16");
     }
 }
 #undef CUOPS_WGMMA_RS_M64N64
 #undef CUOPS_WGMMA_RS_M64N128
+#undef CUOPS_WGMMA_RS_M64N256
 #undef CUOPS_ACC32_REGS
 #undef CUOPS_ACC32_OUTS
 #undef CUOPS_ACC64_REGS
@@ -412,6 +434,11 @@ template <int R> __device__ __forceinline__ void setmaxnreg_dec() {
 // __syncthreads) keep warpgroups that synchronise among themselves out of each other's way.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// Arrives at barrier `id` without waiting: with bar.sync of the others it lets one group
+// of warps signal another (`threads` counts both groups).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // The warpgroup of the calling thread, uniform across the warp (the compiler can tell).

@@ -14,8 +14,8 @@ _problem = problem
 
 @pytest.mark.parametrize("kw, prefix", [
     ({"dtype": "float32"}, "q: flash3 supports float16, bfloat16"),
-    ({"D": 80}, "head_dim: flash3 supports 64, 128"),
-    ({"D": 256}, "head_dim: flash3 supports 64, 128"),
+    ({"D": 80}, "head_dim: flash3 supports 64, 128, 256"),
+    ({"D": 96}, "head_dim: flash3 supports 64, 128, 256"),
     ({"scale": 0.0}, "scale: flash3 needs a positive scale"),
     ({"B": 70000}, "q: flash3 supports at most 65535"),
     ({"ptr": 8}, "q: flash3 needs 16-byte aligned rows"),
@@ -31,12 +31,15 @@ def test_supports_names_the_argument(kw, prefix):
 @pytest.mark.parametrize("D", W.HEAD_DIMS)
 def test_plans(D):
     p = _problem(D=D, Sq=300, Hq=8, B=2)
-    for cfg, (bc, stages) in W.CONFIGS[D].items():
+    for cfg, (bc, stages, sched) in W.CONFIGS[D].items():
         pl = W.plan(p, cfg)
         assert pl.name in W.KERNELS.name_expressions
-        assert pl.name == f"attention_flash3<__nv_bfloat16, {D}, {bc}, {stages}>"
+        assert pl.name == f"attention_flash3<__nv_bfloat16, {D}, {bc}, {stages}, {sched}>"
+        assert cfg == f"c{bc}s{stages}" + {W.SERIAL: "", W.OVERLAP: "o", W.PINGPONG: "p"}[sched]
         assert pl.grid == (3, 8, 2) and pl.block == (384,) and pl.cluster == 1
-        assert pl.smem == 128 * D * 2 + stages * 2 * bc * D * 2 + 1024 + 16 * stages + 8 <= SMEM_OPTIN
+        assert pl.smem == 128 * D * 2 + stages * 2 * bc * D * 2 + 1024 + 32 * stages + 8 <= SMEM_OPTIN
+    # the default is the full schedule
+    assert W.CONFIGS[D][next(iter(W.CONFIGS[D]))][2] == W.PINGPONG
     assert W.plan(p).name == W.plan(p, next(iter(W.CONFIGS[D]))).name
     with pytest.raises(ValueError, match="config"):
         W.plan(p, "c64s9")

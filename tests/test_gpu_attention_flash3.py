@@ -28,6 +28,9 @@ CASES = [  # (B, Sq, Skv, Hq, Hkv, D, causal, align, layout)
     (1, 600, 129, 2, 2, 128, True, "bottom_right", "bhsd"),  # rows that see no key
     (2, 256, 256, 2, 2, 128, False, "top_left", "bhsd"),
     (1, 1024, 1024, 4, 4, 128, True, "top_left", "bshd"),
+    (1, 200, 333, 4, 2, 256, True, "bottom_right", "bshd"),
+    (2, 130, 130, 2, 2, 256, False, "top_left", "bhsd"),
+    (1, 700, 700, 2, 1, 64, True, "top_left", "bhsd"),  # many tiles: the rings wrap several times
 ]
 
 

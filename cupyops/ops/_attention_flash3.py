@@ -2,9 +2,11 @@
 producer and two consumer warpgroups), and its launcher (the launcher-module interface is
 described in _attention_problem.py).
 
-``attention_flash3<T, D, BC, STAGES>``: one block per (128 query rows, query head, batch
-element), K/V tiles of BC keys through a STAGES-deep ring. ``config`` (see ``CONFIGS``)
-forces one; ``None`` takes the head_dim's first.
+``attention_flash3<T, D, BC, STAGES, SCHED>``: one block per (128 query rows, query head,
+batch element), K and V tiles of BC keys through STAGES-deep rings, the consumers'
+schedule SCHED (0 serial, 1 FlashAttention-3's intra-warpgroup overlap of softmax and
+GEMMs, 2 that and pingpong between the two consumer warpgroups). ``config`` (see
+``CONFIGS``) forces one; ``None`` takes the head_dim's first.
 
 Q, K and V are read through 4-D tensor maps (head_dim, rows, heads, batch) of their own
 strides, so any layout whose head_dim axis is contiguous runs without a copy, as long as
@@ -19,23 +21,34 @@ from .._kernels import SPLIT_COMPILE, KernelFile, template_name
 from ._attention_problem import tensor_core_reason, tile_config
 
 VARIANTS = {
-    "flash3": "FlashAttention on Hopper (sm_90a): a TMA producer warpgroup and two wgmma consumer "
-    "warpgroups of 64 query rows, K/V tiles through an mbarrier ring, S = Q K^T from shared memory, "
-    "P V with P in registers (float16, bfloat16; head_dim 64, 128)",
+    "flash3": "FlashAttention-3 on Hopper (sm_90a): a TMA producer warpgroup and two wgmma consumer "
+    "warpgroups of 64 query rows, K and V tiles through mbarrier rings, S = Q K^T from shared memory, "
+    "P V with P in registers, the softmax of one tile overlapping the GEMMs of the next and the two "
+    "consumers taking turns on the tensor cores (float16, bfloat16; head_dim 64, 128, 256)",
 }
 DTYPES = {"flash3": ("float16", "bfloat16")}
 ARCH = "sm_90a"
 BR = 128  # query rows of a block
 THREADS = 384
-# head_dim -> {config: (BC, STAGES)}; the first is the default. A stage holds K and V tiles
-# of BC keys (2 * BC * D * 2 bytes) beside Q (128 * D * 2); 227 KB in all.
-CONFIGS = {64: {"c128s4": (128, 4), "c128s2": (128, 2)}, 128: {"c128s2": (128, 2), "c128s3": (128, 3)}}
+SERIAL, OVERLAP, PINGPONG = 0, 1, 2  # the consumers' schedule (the kernel's SCHED)
+# head_dim -> {config: (BC, STAGES, SCHED)}; the first is the default. Names: c<BC>s<STAGES>
+# and the schedule's letter (none: serial, o: overlap, p: pingpong). A stage holds K and V
+# tiles of BC keys (2 * BC * D * 2 bytes) beside Q (128 * D * 2); 227 KB in all. The serial
+# and overlap schedules stay as the ladder inside the rung (benchmarks/attention_sweep.py
+# times each).
+CONFIGS = {
+    64: {"c128s2p": (128, 2, PINGPONG), "c128s2o": (128, 2, OVERLAP), "c128s2": (128, 2, SERIAL),
+         "c128s4p": (128, 4, PINGPONG)},
+    128: {"c128s2p": (128, 2, PINGPONG), "c128s2o": (128, 2, OVERLAP), "c128s2": (128, 2, SERIAL),
+          "c128s3p": (128, 3, PINGPONG)},
+    256: {"c64s2p": (64, 2, PINGPONG), "c64s2o": (64, 2, OVERLAP)},
+}
 HEAD_DIMS = tuple(CONFIGS)
 
 
 def _name(dtype, hd, cfg):
-    bc, stages = CONFIGS[hd][cfg]
-    return template_name("attention_flash3", _dtypes.cuda_type(dtype), hd, bc, stages)
+    bc, stages, sched = CONFIGS[hd][cfg]
+    return template_name("attention_flash3", _dtypes.cuda_type(dtype), hd, bc, stages, sched)
 
 
 KERNELS = KernelFile("attention_flash3.cu", [_name(dt, hd, c) for dt in DTYPES["flash3"] for hd in CONFIGS
@@ -44,9 +57,9 @@ KERNEL_FILES = [KERNELS]
 
 
 def smem_bytes(hd, cfg):
-    """Q, the ring of K and V tiles, the 1024-byte alignment, the ring's barriers and Q's."""
-    bc, stages = CONFIGS[hd][cfg]
-    return BR * hd * 2 + stages * 2 * bc * hd * 2 + _tma.SWIZZLE_ATOM_BYTES + 16 * stages + 8
+    """Q, the rings of K and V tiles, the 1024-byte alignment, the rings' barriers and Q's."""
+    bc, stages, _ = CONFIGS[hd][cfg]
+    return BR * hd * 2 + stages * 2 * bc * hd * 2 + _tma.SWIZZLE_ATOM_BYTES + 32 * stages + 8
 
 
 def map_spec(arr_ptr, strides, rows, heads, batch, hd, box_rows):
