@@ -6,7 +6,8 @@ depth and schedule), for compute-sanitizer:
 
 Edges in both lengths (none a multiple of a tile), q_len < kv_len and q_len > kv_len
 (bottom-right causal: rows that see no key), GQA, one and several K/V tiles (the rings
-wrapping), both layouts. Each result, with its LSE, is checked against the float64
+wrapping), more work tiles than SMs (a persistent block going from tile to tile), both
+layouts. Each result, with its LSE, is checked against the float64
 reference, so a run that the sanitizer passes is also a right one.
 """
 import cupy as cp
@@ -26,7 +27,8 @@ def main():
             for B, Sq, Skv, Hq, Hkv, causal, align, layout in (
                     (1, 77, 333, 2, 1, True, "bottom_right", "bshd"),
                     (2, 200, 72, 2, 2, True, "bottom_right", "bhsd"),
-                    (1, 130, 130, 4, 2, False, "top_left", "bshd")):
+                    (1, 130, 130, 4, 2, False, "top_left", "bshd"),
+                    (4, 1000, 200, 8, 2, True, "bottom_right", "bshd")):  # 256 work tiles: more than SMs
                 q = rng.standard_normal((B, Sq, Hq, D)).astype(np.float16)
                 k = rng.standard_normal((B, Skv, Hkv, D)).astype(np.float16)
                 v = rng.standard_normal((B, Skv, Hkv, D)).astype(np.float16)

@@ -5,10 +5,10 @@
 // Why a new rung: attention_flash.cu (FlashAttention-2 on mma.sync) brings every K and V
 // fragment through registers with ldmatrix; on an H100 it runs at 0.57-0.72x of cuDNN's
 // attention, which is built on wgmma (NOTES). Here, as in FlashAttention-3:
-//   - one block per (128 query rows, query head, batch element): a producer warpgroup
+//   - a work tile is 128 query rows of one (query head, batch element): a producer warpgroup
 //     (one thread issuing tensor copies, registers given back with setmaxnreg) and two
 //     consumer warpgroups of 64 query rows each (registers taken);
-//   - the producer copies the block's Q once, then K and V tiles of BC keys into two
+//   - the producer copies a work tile's Q once, then K and V tiles of BC keys into two
 //     STAGES-deep rings of full/empty mbarriers (sm90.cuh Pipeline; K and V apart, so a K
 //     tile is released as soon as its scores are made), by TMA tensor maps of the strided
 //     tensors (head_dim, rows, heads, batch): no layout needs a copy, rows past the tensor
@@ -31,9 +31,12 @@
 //       PINGPONG OVERLAP, and the two consumer warpgroups take turns issuing their wgmmas
 //                (two named barriers), so that one's softmax runs while the other's GEMMs
 //                use the tensor cores;
-//   - causal: tiles past the block's last visible key are never loaded, and only tiles
-//     that reach past a row's last visible key (or the end of K) pay for the mask; the
-//     grid runs the longest query tiles first;
+//   - causal: K/V tiles past a work tile's last visible key are never loaded, and only
+//     tiles that reach past a row's last visible key (or the end of K) pay for the mask;
+//   - work tiles go round robin to the blocks (WorkTiles: longest first under a causal
+//     mask, heads in groups whose K and V stay in L2); in a persistent grid the producer
+//     loads the next tile's Q and K/V while the consumers finish the last P V and the
+//     epilogue of this one;
 //   - the epilogue divides by the row sum and writes O straight from the accumulators
 //     (two elements a 4-byte store); the LSE is (m + log2(l)) * ln 2.
 //
@@ -41,15 +44,16 @@
 // 64 rows x 64 head_dim (8 KB each: consumer warpgroup w's rows at piece w * D/64), the K
 // ring (a stage: D/64 pieces of BC rows x 64 head_dim, K-major), the V ring (a stage: BC/64
 // x D/64 pieces of 64 keys x 64 head_dim, rows of 64 head_dim: the MN-major layout of
-// sm90.cuh SwizzledTile16<true>), then the two rings' barriers and Q's.
+// sm90.cuh SwizzledTile16<true>), then the two rings' barriers and Q's (a ring of one).
 //
 // Launch geometry (cupyops/ops/_attention_flash3.py computes the same numbers):
 //   attention_flash3<T, HD, BC, STAGES, SCHED> (HD = head_dim: 64, 128 or 256): block 384;
-//   grid (cdiv(Sq, 128), Hq, B); dynamic shared memory 128 * D * 2 + STAGES * 2 * BC * D *
-//   2 + 1 KB (alignment) + 32 * STAGES + 8. Tensor maps of Q, K, V: 4-D (D, rows, heads,
-//   batch) of 16-bit elements with the 128-byte swizzle, boxes (64, 64, 1, 1) for Q and V,
-//   (64, BC, 1, 1) for K. Needs 16-byte aligned tensors with strides that are multiples of
-//   16 bytes (the launcher checks).
+//   1-D grid of one block an SM (persistent) or one a work tile (cdiv(Sq, 128) * Hq * B
+//   tiles, WorkTiles); dynamic shared memory 128 * D * 2 + STAGES * 2 * BC * D * 2 + 1 KB
+//   (alignment) + 32 * STAGES + 16. Tensor maps of Q, K, V: 4-D (D, rows, heads, batch) of
+//   16-bit elements with the 128-byte swizzle, boxes (64, 64, 1, 1) for Q and V, (64, BC,
+//   1, 1) for K. Needs 16-byte aligned tensors with strides that are multiples of 16 bytes
+//   (the launcher checks). head_group: WorkTiles' group.
 #include "attention_common.cuh"
 #include "gemm_sm90.cuh"
 
@@ -72,11 +76,32 @@ template <int D, int BC> struct Layout {
     static constexpr unsigned K_PIECE = BC * 128;  // a 64-wide slice of head_dim of all BC keys
 };
 
-// The keys of the block's KV tiles: what its last query row sees (<= 0: none).
-__device__ __forceinline__ int block_keys(int q0, int Sq, int Skv, int causal, int causal_offset) {
-    const int last_row = min(q0 + BR, Sq) - 1;
-    return attn::visible_keys(last_row, Skv, causal, causal_offset);
+// The K/V tiles of the work tile of query rows [q0, q0 + BR): what its last row sees.
+template <int BC>
+__device__ __forceinline__ int kv_tiles(int q0, int Sq, int Skv, int causal, int causal_offset) {
+    const int keys = attn::visible_keys(min(q0 + BR, Sq) - 1, Skv, causal, causal_offset);
+    return keys > 0 ? (keys + BC - 1) / BC : 0;
 }
+
+// The work of a launch: a tile of BR query rows of one (head, batch element), qtiles x
+// heads x batch tiles, handed out round robin to the blocks (a persistent grid of one block
+// an SM, or one block a tile). Heads (h + Hq * b) go in groups of `group`, chosen so that a
+// group's K and V stay in L2 while its tiles run; inside a group the query tiles go longest
+// first under a causal mask (the last query tile sees every key), each for every head of
+// the group before the next, so the blocks finish together.
+struct WorkTiles {
+    int qtiles, Hq, B, group;
+    bool causal;
+    __device__ __forceinline__ int count() const { return qtiles * Hq * B; }
+    __device__ __forceinline__ void at(int t, int& q0, int& h, int& b) const {
+        const int per_group = group * qtiles, g = t / per_group, local = t - g * per_group;
+        const int size = min(group, Hq * B - g * group);
+        const int qi = local / size, head = g * group + (local - qi * size);
+        q0 = (causal ? qtiles - 1 - qi : qi) * BR;
+        h = head % Hq;
+        b = head / Hq;
+    }
+};
 
 // 2^x in one MUFU op (2^-inf = +0).
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -183,7 +208,7 @@ template <typename T, int HD, int BC, int STAGES> struct Consumer {
 template <typename T, int HD, int BC, int STAGES, int SCHED>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     attention_flash3(ATTN_PARAMS(T), const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapK,
-                     const __grid_constant__ TmaMap mapV) {
+                     const __grid_constant__ TmaMap mapV, int head_group) {
     using namespace fa3;
     typedef Layout<HD, BC> L;
     static_assert(sizeof(T) == 2, "attention_flash3: float16 and bfloat16");
@@ -193,52 +218,60 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const unsigned k_ring = q_smem + L::Q_BYTES, v_ring = k_ring + STAGES * L::K_BYTES;
     const Pipeline<STAGES> kpipe{v_ring + STAGES * L::V_BYTES};
     const Pipeline<STAGES> vpipe{kpipe.base + Pipeline<STAGES>::BYTES};
-    const Barrier q_full{vpipe.base + Pipeline<STAGES>::BYTES};
+    const Pipeline<1> qpipe{vpipe.base + Pipeline<STAGES>::BYTES};  // Q: one buffer, refilled a work tile
     if (threadIdx.x == 0) {
         kpipe.init(2);  // an empty phase: one arrival per consumer warpgroup
         vpipe.init(2);
-        q_full.init(1);
-        mbar_init_fence();
+        qpipe.init(2);
     }
     __syncthreads();
 
-    const int qtile = causal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
-    const int q0 = qtile * BR, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
-    const int kv_end = block_keys(q0, Sq, Skv, causal, causal_offset);
-    const int tiles = kv_end > 0 ? (kv_end + BC - 1) / BC : 0;
+    const WorkTiles work{(Sq + BR - 1) / BR, Hq, B, head_group, causal != 0};
 
     if (warpgroup() == 0) {  // producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
-        if (threadIdx.x == 0 && tiles > 0) {  // (no tile: the consumers never wait for Q either)
-            q_full.arrive_expect_tx(L::Q_BYTES);
+        if (threadIdx.x == 0) {
+            unsigned q_it = 0, kv = 0;  // uses of the Q buffer and of the K/V rings so far
+            for (int t = blockIdx.x; t < work.count(); t += gridDim.x) {
+                int q0, h, b;
+                work.at(t, q0, h, b);
+                const int tiles = kv_tiles<BC>(q0, Sq, Skv, causal, causal_offset);
+                if (tiles == 0) continue;  // (the consumers do not wait for this tile's Q either)
+                const int hk = h / (Hq / Hkv);
+                qpipe.producer_acquire(q_it);
+                qpipe.producer_expect(q_it, L::Q_BYTES);
 #pragma unroll
-            for (int w = 0; w < 2; ++w)
-#pragma unroll
-                for (int p = 0; p < L::DP; ++p)
-                    tma_load_4d(q_smem + (w * L::DP + p) * PIECE, &mapQ, 64 * p, q0 + 64 * w, h, b, q_full.addr);
-            for (int j = 0; j < tiles; ++j) {
-                kpipe.producer_acquire(j);
-                kpipe.producer_expect(j, L::K_BYTES);
-                const unsigned kst = k_ring + kpipe.stage(j) * L::K_BYTES;
-#pragma unroll
-                for (int p = 0; p < L::DP; ++p)
-                    tma_load_4d(kst + p * L::K_PIECE, &mapK, 64 * p, j * BC, hk, b, kpipe.full(j).addr);
-                vpipe.producer_acquire(j);
-                vpipe.producer_expect(j, L::V_BYTES);
-                const unsigned vst = v_ring + vpipe.stage(j) * L::V_BYTES;
-#pragma unroll
-                for (int kb = 0; kb < BC / 64; ++kb)
+                for (int w = 0; w < 2; ++w)
 #pragma unroll
                     for (int p = 0; p < L::DP; ++p)
-                        tma_load_4d(vst + (kb * L::DP + p) * PIECE, &mapV, 64 * p, j * BC + 64 * kb, hk, b,
-                                    vpipe.full(j).addr);
+                        tma_load_4d(q_smem + (w * L::DP + p) * PIECE, &mapQ, 64 * p, q0 + 64 * w, h, b,
+                                    qpipe.full(q_it).addr);
+                ++q_it;
+                for (int j = 0; j < tiles; ++j, ++kv) {
+                    kpipe.producer_acquire(kv);
+                    kpipe.producer_expect(kv, L::K_BYTES);
+                    const unsigned kst = k_ring + kpipe.stage(kv) * L::K_BYTES;
+#pragma unroll
+                    for (int p = 0; p < L::DP; ++p)
+                        tma_load_4d(kst + p * L::K_PIECE, &mapK, 64 * p, j * BC, hk, b, kpipe.full(kv).addr);
+                    vpipe.producer_acquire(kv);
+                    vpipe.producer_expect(kv, L::V_BYTES);
+                    const unsigned vst = v_ring + vpipe.stage(kv) * L::V_BYTES;
+#pragma unroll
+                    for (int kb = 0; kb < BC / 64; ++kb)
+#pragma unroll
+                        for (int p = 0; p < L::DP; ++p)
+                            tma_load_4d(vst + (kb * L::DP + p) * PIECE, &mapV, 64 * p, j * BC + 64 * kb, hk, b,
+                                        vpipe.full(kv).addr);
+                }
             }
         }
         __syncwarp();
         return;
     }
 
-    // consumers: warpgroup 1 owns query rows q0 + [0, 64), warpgroup 2 q0 + [64, 128)
+    // consumers: warpgroup 1 owns query rows q0 + [0, 64) of a work tile, warpgroup 2
+    // q0 + [64, 128)
     setmaxnreg_inc<WS_CONSUMER_REGS>();
     const int w = warpgroup() - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const bool leader = threadIdx.x % WG == 0;
@@ -247,22 +280,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     c.k_ring = k_ring;
     c.v_ring = v_ring;
     c.scale2 = scale * attn::LOG2E;
-    int row[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        row[hh] = q0 + 64 * w + 16 * warp + lane / 4 + 8 * hh;
-        c.vis[hh] = attn::visible_keys(row[hh], Skv, causal, causal_offset);
-        c.m[hh] = -CUOPS_INF;
-        c.l[hh] = 0.f;
-    }
-    c.vis_min = min(c.vis[0], c.vis[1]);
-#pragma unroll
-    for (int i = 0; i < HD / 2; ++i) c.o[i] = 0.f;
 
     // PINGPONG turns: warpgroup w waits for its turn before issuing wgmmas and hands the
-    // turn over after. Each issues tiles + 1 times; warpgroup 0 goes first (warpgroup 1
-    // gives it the first turn), and warpgroup 1 keeps its last hand-over, which nobody
-    // would take: every barrier phase is completed.
+    // turn over after. In a work tile each issues tiles + 1 times; warpgroup 0 goes first
+    // (warpgroup 1 gives it the first turn), and warpgroup 1 keeps its last hand-over,
+    // which nobody would take: every barrier phase is completed, tile after tile.
     auto my_turn = [&] {
         if constexpr (SCHED == PINGPONG) named_barrier_sync(TURN_BARRIER + w, 2 * WG);
     };
@@ -271,88 +293,112 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             if (!(last && w == 1)) named_barrier_arrive(TURN_BARRIER + 1 - w, 2 * WG);
     };
 
-    if (tiles > 0) {
-        q_full.wait(0);
-        float s[BC / 2], alpha[2];
-        unsigned pa[BC / 16][4];
-        if constexpr (SCHED == SERIAL) {
-            for (int j = 0; j < tiles; ++j) {
-                kpipe.consumer_wait(j);
-                c.issue_s(s, j);
-                wgmma_wait<0>();
-                fence_regs(s);
-                if (leader) kpipe.consumer_release(j);
-                c.softmax(s, j, lane, alpha);
-                c.rescale(alpha);
-                c.pack(pa, s);
-                vpipe.consumer_wait(j);
-                c.issue_pv(pa, j);
-                wgmma_wait<0>();
-                fence_regs(c.o);
+    unsigned q_it = 0, kv = 0;
+    for (int t = blockIdx.x; t < work.count(); t += gridDim.x) {
+        int q0, h, b;
+        work.at(t, q0, h, b);
+        const int tiles = kv_tiles<BC>(q0, Sq, Skv, causal, causal_offset);
+        int row[2];
 #pragma unroll
-                for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);  // (read by the wgmmas until here)
-                if (leader) vpipe.consumer_release(j);
-            }
-        } else {
-            if (SCHED == PINGPONG && w == 1) your_turn(false);
-            kpipe.consumer_wait(0);
-            my_turn();
-            c.issue_s(s, 0);
-            your_turn(false);
-            wgmma_wait<0>();
-            fence_regs(s);
-            if (leader) kpipe.consumer_release(0);
-            c.softmax(s, 0, lane, alpha);  // (O is still zero: alpha has nothing to scale)
-            c.pack(pa, s);
-            for (int j = 1; j < tiles; ++j) {
-                kpipe.consumer_wait(j);
+        for (int hh = 0; hh < 2; ++hh) {
+            row[hh] = q0 + 64 * w + 16 * warp + lane / 4 + 8 * hh;
+            c.vis[hh] = attn::visible_keys(row[hh], Skv, causal, causal_offset);
+            c.m[hh] = -CUOPS_INF;
+            c.l[hh] = 0.f;
+        }
+        c.vis_min = min(c.vis[0], c.vis[1]);
+#pragma unroll
+        for (int i = 0; i < HD / 2; ++i) c.o[i] = 0.f;
+
+        if (tiles > 0) {
+            qpipe.consumer_wait(q_it);
+            float s[BC / 2], alpha[2];
+            unsigned pa[BC / 16][4];
+            if constexpr (SCHED == SERIAL) {
+                for (int j = 0; j < tiles; ++j) {
+                    kpipe.consumer_wait(kv + j);
+                    c.issue_s(s, kv + j);
+                    wgmma_wait<0>();
+                    fence_regs(s);
+                    if (leader) kpipe.consumer_release(kv + j);
+                    c.softmax(s, j, lane, alpha);
+                    c.rescale(alpha);
+                    c.pack(pa, s);
+                    vpipe.consumer_wait(kv + j);
+                    c.issue_pv(pa, kv + j);
+                    wgmma_wait<0>();
+                    fence_regs(c.o);
+#pragma unroll
+                    for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);  // (read by the wgmmas until here)
+                    if (leader) vpipe.consumer_release(kv + j);
+                }
+                if (leader) qpipe.consumer_release(q_it);
+            } else {
+                if (w == 1) your_turn(false);
+                kpipe.consumer_wait(kv);
                 my_turn();
-                c.issue_s(s, j);
-                c.rescale(alpha);  // O of tiles < j - 1, to the max that P_{j-1} was made against
-                vpipe.consumer_wait(j - 1);
-                c.issue_pv(pa, j - 1);
+                c.issue_s(s, kv);
                 your_turn(false);
-                wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
+                wgmma_wait<0>();
                 fence_regs(s);
-                if (leader) kpipe.consumer_release(j);
-                c.softmax(s, j, lane, alpha);
+                if (leader) kpipe.consumer_release(kv);
+                c.softmax(s, 0, lane, alpha);  // (O is still zero: alpha has nothing to scale)
+                c.pack(pa, s);
+                for (int j = 1; j < tiles; ++j) {
+                    kpipe.consumer_wait(kv + j);
+                    my_turn();
+                    c.issue_s(s, kv + j);
+                    c.rescale(alpha);  // O of tiles < j - 1, to the max that P_{j-1} was made against
+                    vpipe.consumer_wait(kv + j - 1);
+                    c.issue_pv(pa, kv + j - 1);
+                    your_turn(false);
+                    wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
+                    fence_regs(s);
+                    if (leader) kpipe.consumer_release(kv + j);
+                    c.softmax(s, j, lane, alpha);
+                    wgmma_wait<0>();
+                    fence_regs(c.o);
+#pragma unroll
+                    for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);
+                    if (leader) vpipe.consumer_release(kv + j - 1);
+                    c.pack(pa, s);
+                }
+                // every S = Q K^T of the tile is done: the producer may bring the next Q
+                if (leader) qpipe.consumer_release(q_it);
+                c.rescale(alpha);
+                vpipe.consumer_wait(kv + tiles - 1);
+                my_turn();
+                c.issue_pv(pa, kv + tiles - 1);
+                your_turn(true);
                 wgmma_wait<0>();
                 fence_regs(c.o);
 #pragma unroll
                 for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);
-                if (leader) vpipe.consumer_release(j - 1);
-                c.pack(pa, s);
+                if (leader) vpipe.consumer_release(kv + tiles - 1);
             }
-            c.rescale(alpha);
-            vpipe.consumer_wait(tiles - 1);
-            my_turn();
-            c.issue_pv(pa, tiles - 1);
-            your_turn(true);
-            wgmma_wait<0>();
-            fence_regs(c.o);
-#pragma unroll
-            for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);
-            if (leader) vpipe.consumer_release(tiles - 1);
+            ++q_it;
+            kv += tiles;
         }
-    }
 
-    // epilogue: O / l (a row that saw no key: zeros, LSE -inf)
+        // epilogue: O / l (a row that saw no key: zeros, LSE -inf)
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        float lt = c.l[hh];
-        lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-        const int i = row[hh];
-        if (i >= Sq) continue;
-        const float inv = lt > 0.f ? __frcp_rn(lt) : 0.f;
-        T* orow = O + b * o_sb + static_cast<i64>(i) * o_ss + h * o_sh;
+        for (int hh = 0; hh < 2; ++hh) {
+            float lt = c.l[hh];
+            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+            const int i = row[hh];
+            if (i >= Sq) continue;
+            const float inv = lt > 0.f ? __frcp_rn(lt) : 0.f;
+            T* orow = O + b * o_sb + static_cast<i64>(i) * o_ss + h * o_sh;
 #pragma unroll
-        for (int cc = 0; cc < HD / 8; ++cc) {
-            const int d = 8 * cc + 2 * (lane % 4);
-            *reinterpret_cast<unsigned*>(orow + d) =
-                pack2<T>(c.o[4 * cc + 2 * hh] * inv, c.o[4 * cc + 2 * hh + 1] * inv);
+            for (int cc = 0; cc < HD / 8; ++cc) {
+                const int d = 8 * cc + 2 * (lane % 4);
+                *reinterpret_cast<unsigned*>(orow + d) =
+                    pack2<T>(c.o[4 * cc + 2 * hh] * inv, c.o[4 * cc + 2 * hh + 1] * inv);
+            }
+            if (LSE != nullptr && lane % 4 == 0)
+                LSE[(static_cast<i64>(b) * Hq + h) * Sq + i] =
+                    lt > 0.f ? (c.m[hh] + log2f(lt)) * attn::LN2 : -CUOPS_INF;
         }
-        if (LSE != nullptr && lane % 4 == 0)
-            LSE[(static_cast<i64>(b) * Hq + h) * Sq + i] = lt > 0.f ? (c.m[hh] + log2f(lt)) * attn::LN2 : -CUOPS_INF;
     }
 }

@@ -30,20 +30,35 @@ def test_supports_names_the_argument(kw, prefix):
 
 @pytest.mark.parametrize("D", W.HEAD_DIMS)
 def test_plans(D):
-    p = _problem(D=D, Sq=300, Hq=8, B=2)
-    for cfg, (bc, stages, sched) in W.CONFIGS[D].items():
+    p = _problem(D=D, Sq=300, Hq=8, B=2)  # 3 x 8 x 2 = 48 work tiles
+    assert W.work_tiles(p) == 48
+    for cfg, (bc, stages, sched, persistent) in W.CONFIGS[D].items():
         pl = W.plan(p, cfg)
         assert pl.name in W.KERNELS.name_expressions
         assert pl.name == f"attention_flash3<__nv_bfloat16, {D}, {bc}, {stages}, {sched}>"
-        assert cfg == f"c{bc}s{stages}" + {W.SERIAL: "", W.OVERLAP: "o", W.PINGPONG: "p"}[sched]
-        assert pl.grid == (3, 8, 2) and pl.block == (384,) and pl.cluster == 1
-        assert pl.smem == 128 * D * 2 + stages * 2 * bc * D * 2 + 1024 + 32 * stages + 8 <= SMEM_OPTIN
-    # the default is the full schedule
-    assert W.CONFIGS[D][next(iter(W.CONFIGS[D]))][2] == W.PINGPONG
+        assert cfg == f"c{bc}s{stages}" + {W.SERIAL: "", W.OVERLAP: "o", W.PINGPONG: "p"}[sched] + \
+            ("_pg" if persistent else "")
+        assert pl.grid == (48,) and pl.block == (384,) and pl.cluster == 1
+        assert W.plan(p, cfg, sm_count=20).grid == ((20,) if persistent else (48,))
+        assert pl.smem == 128 * D * 2 + stages * 2 * bc * D * 2 + 1024 + 32 * stages + 16 <= SMEM_OPTIN
+    # the default is the full schedule on a persistent grid
+    assert W.CONFIGS[D][next(iter(W.CONFIGS[D]))][2:] == (W.PINGPONG, True)
     assert W.plan(p).name == W.plan(p, next(iter(W.CONFIGS[D]))).name
     with pytest.raises(ValueError, match="config"):
         W.plan(p, "c64s9")
     assert W.KERNELS.arch == "sm_90a" and W.KERNELS.runs_on(90) and not W.KERNELS.runs_on(80)
+    assert len(set(W.KERNELS.name_expressions)) == len(W.KERNELS.name_expressions)
+
+
+def test_head_groups_keep_k_and_v_in_l2():
+    l2 = 50 * 2**20
+    # S 8192, D 128: 4 MiB of K and V a KV head; 25 MiB hold 6 of them
+    assert W.head_group(_problem(D=128, Sq=8192, Skv=8192, Hq=32, Hkv=8, B=1), l2) == 6 * 4
+    assert W.head_group(_problem(D=128, Sq=8192, Skv=8192, Hq=16, Hkv=16, B=4), l2) == 6
+    # short sequences: every head in one group; a KV head larger than the share: one
+    assert W.head_group(_problem(D=64, Sq=1024, Skv=1024, Hq=8, Hkv=8, B=2), l2) == 16
+    assert W.head_group(_problem(D=256, Sq=64, Skv=65536, Hq=4, Hkv=1, B=1), l2) == 4
+    assert W.head_group(_problem(D=256, Sq=64, Skv=65536, Hq=4, Hkv=4, B=1), l2) == 1
 
 
 def test_tensor_maps_describe_both_layouts():

@@ -31,6 +31,7 @@ CASES = [  # (B, Sq, Skv, Hq, Hkv, D, causal, align, layout)
     (1, 200, 333, 4, 2, 256, True, "bottom_right", "bshd"),
     (2, 130, 130, 2, 2, 256, False, "top_left", "bhsd"),
     (1, 700, 700, 2, 1, 64, True, "top_left", "bhsd"),  # many tiles: the rings wrap several times
+    (2, 1100, 300, 8, 2, 128, True, "bottom_right", "bshd"),  # 144 work tiles: blocks of a persistent grid take several
 ]
 
 

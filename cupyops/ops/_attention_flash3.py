@@ -2,11 +2,12 @@
 producer and two consumer warpgroups), and its launcher (the launcher-module interface is
 described in _attention_problem.py).
 
-``attention_flash3<T, D, BC, STAGES, SCHED>``: one block per (128 query rows, query head,
-batch element), K and V tiles of BC keys through STAGES-deep rings, the consumers'
-schedule SCHED (0 serial, 1 FlashAttention-3's intra-warpgroup overlap of softmax and
-GEMMs, 2 that and pingpong between the two consumer warpgroups). ``config`` (see
-``CONFIGS``) forces one; ``None`` takes the head_dim's first.
+``attention_flash3<T, D, BC, STAGES, SCHED>``: work tiles of (128 query rows, query head,
+batch element) handed round robin to the blocks, one block an SM (a persistent grid) or one
+a tile; K and V tiles of BC keys through STAGES-deep rings; the consumers' schedule SCHED
+(0 serial, 1 FlashAttention-3's intra-warpgroup overlap of softmax and GEMMs, 2 that and
+pingpong between the two consumer warpgroups). ``config`` (see ``CONFIGS``) forces one;
+``None`` takes the head_dim's first.
 
 Q, K and V are read through 4-D tensor maps (head_dim, rows, heads, batch) of their own
 strides, so any layout whose head_dim axis is contiguous runs without a copy, as long as
@@ -16,6 +17,8 @@ bytes (``supports`` says so otherwise).
 It runs on compute capability 9.0 alone (``runs_here``): ``auto`` takes it there and
 falls back to ``flash`` elsewhere.
 """
+import numpy as np
+
 from .. import _dtypes, _launch, _tma
 from .._kernels import SPLIT_COMPILE, KernelFile, template_name
 from ._attention_problem import tensor_core_reason, tile_config
@@ -31,35 +34,46 @@ ARCH = "sm_90a"
 BR = 128  # query rows of a block
 THREADS = 384
 SERIAL, OVERLAP, PINGPONG = 0, 1, 2  # the consumers' schedule (the kernel's SCHED)
-# head_dim -> {config: (BC, STAGES, SCHED)}; the first is the default. Names: c<BC>s<STAGES>
-# and the schedule's letter (none: serial, o: overlap, p: pingpong). A stage holds K and V
-# tiles of BC keys (2 * BC * D * 2 bytes) beside Q (128 * D * 2); 227 KB in all. The serial
-# and overlap schedules stay as the ladder inside the rung (benchmarks/attention_sweep.py
-# times each).
+# head_dim -> {config: (BC, STAGES, SCHED, PERSISTENT)}; the first is the default. Names:
+# c<BC>s<STAGES>, the schedule's letter (none: serial, o: overlap, p: pingpong), and "_pg"
+# for a persistent grid (else one block a work tile). A stage holds K and V tiles of BC
+# keys (2 * BC * D * 2 bytes) beside Q (128 * D * 2); 227 KB in all. The serial, overlap and
+# one-block-a-tile forms stay as the ladder inside the rung (benchmarks/attention_sweep.py
+# times each; NOTES has what each bought).
 CONFIGS = {
-    64: {"c128s2p": (128, 2, PINGPONG), "c128s2o": (128, 2, OVERLAP), "c128s2": (128, 2, SERIAL),
-         "c128s4p": (128, 4, PINGPONG)},
-    128: {"c128s2p": (128, 2, PINGPONG), "c128s2o": (128, 2, OVERLAP), "c128s2": (128, 2, SERIAL),
-          "c128s3p": (128, 3, PINGPONG)},
-    256: {"c64s2p": (64, 2, PINGPONG), "c64s2o": (64, 2, OVERLAP)},
+    64: {"c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False),
+         "c128s2o": (128, 2, OVERLAP, False), "c128s2": (128, 2, SERIAL, False),
+         "c128s4p_pg": (128, 4, PINGPONG, True)},
+    128: {"c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False),
+          "c128s2o": (128, 2, OVERLAP, False), "c128s2": (128, 2, SERIAL, False),
+          "c128s3p_pg": (128, 3, PINGPONG, True)},
+    256: {"c64s2p_pg": (64, 2, PINGPONG, True), "c64s2p": (64, 2, PINGPONG, False),
+          "c64s2o": (64, 2, OVERLAP, False)},
 }
+MAX_WORK_TILES = 2**31 - 1  # the kernel counts work tiles in an int (and a grid's x extent)
+# A head group's K and V (what its work tiles read again and again) are kept to this share
+# of the L2 cache.
+L2_SHARE = 0.5
 HEAD_DIMS = tuple(CONFIGS)
 
 
 def _name(dtype, hd, cfg):
-    bc, stages, sched = CONFIGS[hd][cfg]
+    bc, stages, sched, _ = CONFIGS[hd][cfg]
     return template_name("attention_flash3", _dtypes.cuda_type(dtype), hd, bc, stages, sched)
 
 
-KERNELS = KernelFile("attention_flash3.cu", [_name(dt, hd, c) for dt in DTYPES["flash3"] for hd in CONFIGS
-                                            for c in CONFIGS[hd]], options=SPLIT_COMPILE, arch=ARCH)
+# (a persistent configuration and its one-block-a-tile twin are one kernel)
+KERNELS = KernelFile("attention_flash3.cu", list(dict.fromkeys(
+    _name(dt, hd, c) for dt in DTYPES["flash3"] for hd in CONFIGS for c in CONFIGS[hd])),
+    options=SPLIT_COMPILE, arch=ARCH)
 KERNEL_FILES = [KERNELS]
 
 
 def smem_bytes(hd, cfg):
-    """Q, the rings of K and V tiles, the 1024-byte alignment, the rings' barriers and Q's."""
-    bc, stages, _ = CONFIGS[hd][cfg]
-    return BR * hd * 2 + stages * 2 * bc * hd * 2 + _tma.SWIZZLE_ATOM_BYTES + 32 * stages + 8
+    """Q, the rings of K and V tiles, the 1024-byte alignment, the rings' barriers and Q's
+    (full and empty)."""
+    bc, stages = CONFIGS[hd][cfg][:2]
+    return BR * hd * 2 + stages * 2 * bc * hd * 2 + _tma.SWIZZLE_ATOM_BYTES + 32 * stages + 16
 
 
 def map_spec(arr_ptr, strides, rows, heads, batch, hd, box_rows):
@@ -92,6 +106,8 @@ def supports(impl, p, config=None):
     reason = _shape_reason(p)
     if reason is None and not p.aligned16():
         reason = "q: flash3 needs 16-byte aligned rows in q, k, v and out (pointers and strides)"
+    if reason is None and work_tiles(p) > MAX_WORK_TILES:
+        reason = f"q: flash3 supports at most {MAX_WORK_TILES} tiles of {BR} query rows (q_len x heads x batch)"
     if reason is None and None in _specs(p, config or next(iter(CONFIGS[p.D]))):
         reason = "q: flash3 needs q, k and v describable by tensor maps (strides multiples of 16 bytes)"
     return reason
@@ -101,11 +117,26 @@ def _shape_reason(p):
     return tensor_core_reason(p, "flash3", DTYPES["flash3"], HEAD_DIMS)
 
 
-def plan(p, config=None):
-    """The ``_launch.Launch`` for ``p`` (a plain function of numbers: the CPU tier checks
-    it)."""
+def work_tiles(p):
+    """The launch's work tiles: BR query rows of one (head, batch element) each."""
+    return _launch.cdiv(p.Sq, BR) * p.Hq * p.B
+
+
+def head_group(p, l2_bytes):
+    """Query heads a group (the kernel's WorkTiles): as many as share the KV heads whose K
+    and V fit in L2_SHARE of ``l2_bytes`` (at least one KV head's)."""
+    kv_head_bytes = 2 * p.Skv * p.D * 2
+    kv_heads = max(1, int(l2_bytes * L2_SHARE) // max(kv_head_bytes, 1))
+    return max(1, min(p.Hq * p.B, kv_heads * (p.Hq // p.Hkv)))
+
+
+def plan(p, config=None, sm_count=132):
+    """The ``_launch.Launch`` for ``p`` on a GPU of ``sm_count`` SMs (a plain function of
+    numbers: the CPU tier checks it): a 1-D grid of one block an SM (persistent) or one a
+    work tile."""
     cfg = tile_config(p, "flash3", CONFIGS, config, _shape_reason(p))
-    grid = (_launch.cdiv(p.Sq, BR), p.Hq, p.B)
+    tiles = work_tiles(p)
+    grid = (min(tiles, sm_count) if CONFIGS[p.D][cfg][3] else tiles,)
     return _launch.Launch(KERNELS, _name(p.dtype, p.D, cfg), grid, (THREADS,), smem_bytes(p.D, cfg),
                           "attention impl='flash3'")
 
@@ -133,4 +164,5 @@ def launch(impl, p, config=None):
             raise RuntimeError(f"attention: the driver refused the tensor map of {name} (dims {dims}, byte strides "
                                f"{strides}, box {box})")
         maps.append(m)
-    plan(p, cfg)(p.args() + tuple(maps))
+    group = np.int32(head_group(p, props.l2_bytes))
+    plan(p, cfg, props.sm_count)(p.args() + tuple(maps) + (group,))
