@@ -218,17 +218,15 @@ def _cupy():
         raise RuntimeError(f"cupyops needs a CUDA GPU; none is usable here ({exc})") from None
     if count == 0:
         raise RuntimeError("cupyops needs a CUDA GPU; none is visible")
+    from . import _fast
+
+    _fast.cupy_loaded(cupy)
     _CUPY = cupy
     return cupy
 
 
 def cupy_module():
     return _cupy()
-
-
-def current_device_or_none():
-    """The current CUDA device once CuPy is loaded (None before: nothing has run yet)."""
-    return None if _CUPY is None else _CUPY.cuda.runtime.getDevice()
 
 
 # ------------------------------------------------------------------ ticket counters

@@ -3,32 +3,38 @@
 operator without a copy and come back as the caller's type.
 
 ``foreign_arrays`` wraps a public operator. A call whose arguments are all CuPy, NumPy or
-plain Python values goes straight through (one dict lookup per argument). Otherwise:
+plain Python values goes straight through (one set lookup per argument), after the
+operator's memoized fast path where it has one (cupyops/_fast.py). Otherwise:
 
-- GPU arrays are seen as CuPy arrays (``cupy.from_dlpack``, or ``cupy.asarray`` of the CUDA
-  array interface: views, no copy, strides kept), the operator runs on them, and each
-  CuPy result is handed back in the framework of the first foreign argument: a torch
-  tensor on the same device (``torch.from_dlpack``), a JAX array (``jax.dlpack``); a
-  producer we do not know gets the CuPy array. An ``out=`` tensor is written in place and
-  returned as given.
+- A CUDA torch tensor is seen as a CuPy array made from its address, shape, strides and
+  dtype (a view of the same memory: no copy, no DLPack capsule; bfloat16 as the package's
+  bfloat16 dtype); other GPU arrays through ``cupy.from_dlpack``, or ``cupy.asarray`` of
+  the CUDA array interface (views, strides kept). The operator runs on them and each CuPy
+  result is handed back in the framework of the first foreign argument: a torch tensor on
+  the same device, a JAX array (``jax.dlpack``); a producer we do not know gets the CuPy
+  array. An ``out=`` tensor is written in place and returned as given.
 - For torch tensors on a GPU the work runs on torch's current stream of the tensor's
   device (nothing synchronises), and everything the call allocates (outputs, scratch)
-  comes from torch's caching allocator on that stream, as torch's own operators' memory
-  does.
+  comes from torch's caching allocator on that stream (``torch.empty``, as torch's own
+  operators' memory does; under ``torch.cuda.graph`` from the graph's pool). A result in
+  such memory goes back as a view of the torch block it lives in; any other through
+  ``torch.from_dlpack``. A call of a signature the operator has remembered (its fast
+  path) makes no CuPy array at all: it launches on torch's stream with torch's memory.
 - Tensors with ``requires_grad`` are read as detached: the results do not require grad
   (cupyops has no backward).
-- float8 e4m3 torch tensors travel as their uint8 bits (DLPack has no float8 type in
-  CuPy); other float8 types are refused (a TypeError), not read as e4m3; ``quantize_fp8``
-  gives torch callers ``torch.float8_e4m3fn`` values.
+- float8 e4m3 torch tensors travel as their uint8 bits (CuPy has no float8 type); other
+  float8 types are refused (a TypeError), not read as e4m3; ``quantize_fp8`` gives torch
+  callers ``torch.float8_e4m3fn`` values.
 - A CPU tensor beside GPU ones (a 0-d scale) is read through NumPy.
 - Host arrays (a CPU torch tensor, a CPU JAX array) take the NumPy path and come back as
   the caller's type on the host.
 """
-import contextlib
 import functools
 import warnings
 
 import numpy as np
+
+from . import _fast
 
 _PLAIN = "plain"  # CuPy, NumPy, Python values: the operators take them as they are
 _KINDS = {}  # type -> "plain", "torch", "jax", "dlpack", "cai"
@@ -66,15 +72,27 @@ def _classify(t):
     return _PLAIN
 
 
-def foreign_arrays(fp8_results=()):
+def foreign_arrays(fp8_results=(), fast=None):
     """Decorator of a public operator (see the module docstring). ``fp8_results``: indices
-    of the results that hold float8 e4m3 bits (handed to torch as float8_e4m3fn)."""
+    of the results that hold float8 e4m3 bits (handed to torch as float8_e4m3fn).
+    ``fast``: the operator's ``_fast.FastCalls``, tried first on CuPy arrays and on CUDA
+    torch tensors, and filled by its checked path."""
 
     def wrap(fn):
         plain = _PLAIN_TYPES
 
         @functools.wraps(fn)
         def op(*args, **kwargs):
+            if fast is not None and args:
+                t = type(args[0])
+                if t is _fast.CUPY_ARRAY:
+                    r = fast.run_cupy(args, kwargs)
+                    if r is not None:
+                        return r
+                elif t in _fast.TORCH_TENSORS:
+                    r = fast.run_torch(args, kwargs)
+                    if r is not None:
+                        return r
             for a in args:
                 if type(a) not in plain:
                     break
@@ -83,11 +101,11 @@ def foreign_arrays(fp8_results=()):
                     if type(a) not in plain:
                         break
                 else:
-                    return fn(*args, **kwargs)
+                    return fn(*args, **kwargs) if fast is None else fast.checked(fn, args, kwargs)
             # a type not seen yet, or a foreign array
             if any(kind_of(a) is not _PLAIN for a in (*args, *kwargs.values())):
-                return _call(fn, args, kwargs, fp8_results)
-            return fn(*args, **kwargs)
+                return _call(fn, args, kwargs, fp8_results, fast)
+            return fn(*args, **kwargs) if fast is None else fast.checked(fn, args, kwargs)
 
         return op
 
@@ -108,7 +126,7 @@ def _on_gpu(a, kind):
         return True
 
 
-def _call(fn, args, kwargs, fp8_results):
+def _call(fn, args, kwargs, fp8_results, fast):
     first = next(a for a in (*args, *kwargs.values()) if kind_of(a) is not _PLAIN)
     kind = kind_of(first)
     if not _on_gpu(first, kind):
@@ -116,14 +134,16 @@ def _call(fn, args, kwargs, fp8_results):
     from ._arrays import cupy_module
 
     cp = cupy_module()
-    if kind == "torch":
-        with contextlib.ExitStack() as ctx:
-            _enter_torch(ctx, first.device, cp)
-            return _device_call(fn, args, kwargs, kind, fp8_results, cp)
-    return _device_call(fn, args, kwargs, kind, fp8_results, cp)
+    if kind != "torch":
+        return _device_call(fn, args, kwargs, kind, fp8_results, cp)
+    _torch_module()
+    device = first.get_device()
+    stream, alloc = _torch_stream(cp, _fast.raw_stream(device), device)
+    with cp.cuda.Device(device), stream, cp.cuda.using_allocator(alloc):
+        return _device_call(fn, args, kwargs, kind, fp8_results, cp, fast)
 
 
-def _device_call(fn, args, kwargs, kind, fp8_results, cp):
+def _device_call(fn, args, kwargs, kind, fp8_results, cp, fast=None):
     given = {}  # id(CuPy view) -> the caller's object, for results that are an argument (out=)
 
     def to_cupy(a):
@@ -132,14 +152,19 @@ def _device_call(fn, args, kwargs, kind, fp8_results, cp):
             return a
         if k == "torch" and a.device.type != "cuda":  # a host tensor beside GPU ones (a scale)
             v = _torch_to_numpy(a)
+        elif k == "torch":
+            v = _torch_as_cupy(a, cp)
         else:
-            v = cp.asarray(a) if k == "cai" else cp.from_dlpack(_torch_exportable(a) if k == "torch" else a)
+            v = cp.asarray(a) if k == "cai" else cp.from_dlpack(a)
         given[id(v)] = a
         return v
 
     cargs = tuple(to_cupy(a) for a in args)  # (kept alive, so their ids stay theirs)
     ckwargs = {k: to_cupy(v) for k, v in kwargs.items()}
-    res = fn(*cargs, **ckwargs)
+    if fast is not None:
+        res = fast.checked(fn, cargs, ckwargs, torch_args=(args, kwargs))
+    else:
+        res = fn(*cargs, **ckwargs)
 
     def back(i, r):
         if id(r) in given:
@@ -147,10 +172,7 @@ def _device_call(fn, args, kwargs, kind, fp8_results, cp):
         if not type(r).__module__.startswith("cupy"):
             return r
         if kind == "torch":
-            import torch
-
-            t = torch.from_dlpack(r)
-            return t.view(torch.float8_e4m3fn) if i in fp8_results else t
+            return _cupy_to_torch(r, i in fp8_results)
         if kind == "jax":
             import jax.dlpack
 
@@ -167,7 +189,7 @@ def _map_results(res, back):
 
 
 def _torch_exportable(t):
-    """A tensor that DLPack exports for CuPy: detached, float8 seen as its uint8 bits."""
+    """A tensor CuPy can read: detached, float8 seen as its uint8 bits."""
     import torch
 
     if t.requires_grad:
@@ -179,17 +201,53 @@ def _torch_exportable(t):
     return t
 
 
-def _enter_torch(ctx, device, cp):
-    """Make torch's current stream of ``device`` CuPy's current stream (and the device
-    CuPy's current device), with CuPy allocating from torch's caching allocator on that
-    stream, until ``ctx`` (an ExitStack) closes."""
+def _torch_as_cupy(t, cp):
+    """The CuPy view of CUDA tensor ``t`` (the same memory, its strides), from its address,
+    shape, strides and dtype: torch's ``__dlpack__`` builds stream objects and queries the
+    device several times (~40 us a tensor on the H100 hosts). A dtype the package has no
+    NumPy form of, an empty or a non-strided tensor goes through DLPack."""
+    t = _torch_exportable(t)
+    dtype = _NUMPY_OF_TORCH.get(t.dtype)
+    if dtype is None or not t.numel() or t.layout is not _torch_module().strided:
+        return cp.from_dlpack(t)
+    item = dtype.itemsize
+    shape, strides = tuple(t.shape), tuple(s * item for s in t.stride())
+    span = item + sum((n - 1) * s for n, s in zip(shape, strides))  # (torch strides are >= 0)
+    mem = cp.cuda.UnownedMemory(t.data_ptr(), span, t, t.get_device())
+    return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(mem, 0), strides)
+
+
+def _cupy_to_torch(r, fp8):
+    """A CuPy result as a torch tensor: a view of the torch block it was allocated in
+    (``_torch_allocator``), or through DLPack for memory of any other origin."""
     import torch
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    stream, alloc = _torch_stream(cp, torch.cuda.current_stream(index).cuda_stream, index)
-    ctx.enter_context(cp.cuda.Device(index))
-    ctx.enter_context(stream)
-    ctx.enter_context(cp.cuda.using_allocator(alloc))
+    owner = getattr(r.data.mem, "_owner", None)
+    dtype = torch.float8_e4m3fn if fp8 else _fast.TORCH_DTYPES.get(r.dtype)
+    item = r.itemsize
+    if type(owner) is _TorchBlock and dtype is not None and owner.tensor.numel() % item == 0:
+        offset = r.data.ptr - owner.ptr
+        if offset % item == 0 and all(s % item == 0 for s in r.strides):
+            return owner.tensor.view(dtype).as_strided(r.shape, [s // item for s in r.strides], offset // item)
+    t = torch.from_dlpack(r)
+    return t.view(torch.float8_e4m3fn) if fp8 else t
+
+
+_NUMPY_OF_TORCH = {}  # torch dtype -> the NumPy dtype its CuPy view has (_torch_module)
+_TORCH = None
+
+
+def _torch_module():
+    """torch, with the dtype tables and what the fast calls use bound on first use."""
+    global _TORCH
+    if _TORCH is None:
+        import torch
+
+        _fast.torch_loaded(torch)
+        _NUMPY_OF_TORCH.update({v: k for k, v in _fast.TORCH_DTYPES.items()})
+        _NUMPY_OF_TORCH[torch.float8_e4m3fn] = np.dtype(np.uint8)  # (only after _torch_exportable)
+        _TORCH = torch
+    return _TORCH
 
 
 _STREAMS = {}  # (stream pointer, device) -> (cupy.cuda.ExternalStream, its torch allocator)
@@ -205,38 +263,32 @@ def _torch_stream(cp, ptr, device):
             _STREAMS.clear()
         with warnings.catch_warnings():  # CuPy 14 prefers Stream.from_external (a __cuda_stream__
             warnings.simplefilter("ignore", DeprecationWarning)  # object); this form is checked
-            s = _STREAMS[key] = (cp.cuda.ExternalStream(ptr, device), _torch_allocator(device, ptr))
+            s = _STREAMS[key] = (cp.cuda.ExternalStream(ptr, device), _torch_allocator(device))
     return s
 
 
 class _TorchBlock:
-    """A block of torch's caching allocator, given back when CuPy drops the memory."""
+    """The torch tensor (uint8, on the device) backing one CuPy allocation: CuPy holds it
+    while it uses the memory, and dropping it gives the block back to torch's cache."""
 
-    __slots__ = ("ptr",)
+    __slots__ = ("tensor", "ptr")
 
-    def __init__(self, ptr):
-        self.ptr = ptr
-
-    def __del__(self):
-        try:
-            import torch
-
-            torch.cuda.caching_allocator_delete(self.ptr)
-        except Exception:  # noqa: BLE001 - at interpreter exit torch may be gone already
-            pass
+    def __init__(self, tensor):
+        self.tensor, self.ptr = tensor, tensor.data_ptr()
 
 
-def _torch_allocator(device, stream_ptr):
-    """CuPy allocator (size -> MemoryPointer) drawing from torch's caching allocator for
-    ``stream_ptr`` on ``device``: under ``torch.cuda.graph`` the memory comes from the
-    graph's pool, as torch's own operators' does."""
+def _torch_allocator(device):
+    """CuPy allocator (size -> MemoryPointer) drawing from torch's caching allocator on
+    ``device``'s current stream (``torch.empty``: under ``torch.cuda.graph`` the memory
+    comes from the graph's pool, as torch's own operators' does)."""
     import cupy
-    import torch
+
+    torch = _torch_module()
+    empty, uint8 = torch.empty, torch.uint8
 
     def alloc(size):
-        ptr = torch.cuda.caching_allocator_alloc(max(int(size), 1), device, stream_ptr)
-        mem = cupy.cuda.UnownedMemory(ptr, size, _TorchBlock(ptr), device)
-        return cupy.cuda.MemoryPointer(mem, 0)
+        block = _TorchBlock(empty(max(int(size), 1), dtype=uint8, device=device))
+        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.ptr, size, block, device), 0)
 
     return alloc
 

@@ -269,41 +269,53 @@ class Launch:
             fn(self.grid, self.block, args, shared_mem=self.smem)
 
 
+# An argument of a DirectLaunch given per call: a device address.
+ADDRESS = object()
+
+
 class DirectLaunch:
     """One kernel launch whose geometry and scalar arguments are fixed, issued through the
     driver's ``cuLaunchKernel`` from a parameter block packed once; a call only writes the
-    array addresses into it and launches on CuPy's current stream.
+    array addresses into it and launches on the stream it is given.
 
     Why: ``Function.__call__`` turns every argument into a Python object on every call;
     for a kernel of a few microseconds that conversion and CuPy's launch bookkeeping cost
-    more host time than the driver's launch (NOTES items 38 and 43). softmax's memoized
-    fast path launches through this.
+    more host time than the driver's launch (NOTES items 38 and 43). The memoized fast
+    calls (cupyops/_fast.py) launch through this.
 
-    ``fn``: a ``cupy.RawKernel`` (or its ``cupy.cuda.function.Function``); ``pointers``:
-    how many array addresses lead the argument list (a call passes exactly that many);
-    ``scalars``: the NumPy scalars after them, whose dtypes give the C types (as CuPy's
-    own launch does). Calls from several threads are serialised around the parameter
-    block (the driver reads it during the launch, with the GIL released). ``driver_launch``
-    and ``current_stream`` stand in for CuPy's (the CPU tier checks the packing through
-    them)."""
+    ``fn``: a ``cupy.RawKernel`` (or its ``cupy.cuda.function.Function``); ``args``: the
+    kernel's arguments in order, each ``ADDRESS`` (a device address a call passes, in the
+    order of these slots) or a NumPy scalar, whose dtype gives the C type (as CuPy's own
+    launch does). Calls from several threads are serialised around the parameter block
+    (the driver reads it during the launch, with the GIL released). ``driver_launch``
+    stands in for CuPy's (the CPU tier checks the packing through it)."""
 
-    def __init__(self, fn, grid, block, smem, pointers, scalars, *, driver_launch=None, current_stream=None):
-        driver_launch, current_stream = _driver(driver_launch, current_stream)
+    def __init__(self, fn, grid, block, smem, args, *, driver_launch=None):
+        if driver_launch is None:
+            import cupy
+
+            driver_launch = cupy.cuda.driver.launchKernel
         self._fn, self._head = _head(fn, grid, block, smem)  # (the holder keeps the module loaded)
+        pointers = sum(1 for a in args if a is ADDRESS)
         self._addresses = (ctypes.c_uint64 * pointers)()  # device addresses, written per call
-        values = [_c_scalar(v) for v in scalars]
-        self._values = values  # keeps the scalar slots alive
         base, word = ctypes.addressof(self._addresses), ctypes.sizeof(ctypes.c_uint64)
-        slots = [base + i * word for i in range(pointers)] + [ctypes.addressof(v) for v in values]
+        values, slots, k = [], [], 0
+        for a in args:
+            if a is ADDRESS:
+                slots.append(base + k * word)
+                k += 1
+            else:
+                values.append(_c_scalar(a))
+                slots.append(ctypes.addressof(values[-1]))
+        self._values = values  # keeps the scalar slots alive
         self._params = (ctypes.c_void_p * len(slots))(*slots)
         self._params_ptr = ctypes.addressof(self._params)
-        self._launch, self._stream = driver_launch, current_stream
+        self._launch = driver_launch
         lock = threading.Lock()
         self._acquire, self._release = lock.acquire, lock.release
 
-    def __call__(self, *addresses):
+    def __call__(self, stream, *addresses):
         # (every line here is paid per call: bound methods kept, no with-block, one slice store)
-        stream = self._stream().ptr
         self._acquire()
         try:
             self._addresses[:] = addresses

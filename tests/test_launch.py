@@ -149,24 +149,43 @@ def test_direct_launch_packs_the_parameter_block():
                 ctypes.cast(slots[4], ctypes.POINTER(ctypes.c_float)).contents.value]
         calls.append(((f, gx, gy, gz, bx, by, bz, smem, stream, extra), read))
 
-    launch = _launch.DirectLaunch(_FakeFunction(), (7,), (256, 2), 4096, 2,
-                                  (np.int64(-(2**40)), np.int32(1000), np.float32(0.5)),
-                                  driver_launch=driver_launch, current_stream=_FakeStream)
-    launch(0x7000_0000_1000, 0x7000_0000_2010)
+    A = _launch.ADDRESS
+    launch = _launch.DirectLaunch(_FakeFunction(), (7,), (256, 2), 4096,
+                                  (A, A, np.int64(-(2**40)), np.int32(1000), np.float32(0.5)),
+                                  driver_launch=driver_launch)
+    launch(0x5EA, 0x7000_0000_1000, 0x7000_0000_2010)
     with pytest.raises(ValueError):  # one address short: nothing launched ...
-        launch(0x30)
-    launch(0x10, 0x20)  # ... and the block unlocked again
-    head = (0xF00D, 7, 1, 1, 256, 2, 1, 4096, 0x5EA, 0)
-    assert calls == [(head, [0x7000_0000_1000, 0x7000_0000_2010, -(2**40), 1000, 0.5]),
-                     (head, [0x10, 0x20, -(2**40), 1000, 0.5])]
+        launch(0x5EA, 0x30)
+    launch(0x5EB, 0x10, 0x20)  # ... and the block unlocked again; the stream is the call's
+    head = (0xF00D, 7, 1, 1, 256, 2, 1, 4096)
+    assert calls == [(head + (0x5EA, 0), [0x7000_0000_1000, 0x7000_0000_2010, -(2**40), 1000, 0.5]),
+                     (head + (0x5EB, 0), [0x10, 0x20, -(2**40), 1000, 0.5])]
+
+
+def test_direct_launch_takes_addresses_between_scalars():
+    # (the decode attention's arguments: pointers, scalars, then workspace pointers)
+    import ctypes
+
+    read = []
+
+    def driver_launch(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        u64 = lambda i: ctypes.cast(slots[i], ctypes.POINTER(ctypes.c_uint64)).contents.value  # noqa: E731
+        read.append((u64(0), ctypes.cast(slots[1], ctypes.POINTER(ctypes.c_int32)).contents.value, u64(2), u64(3)))
+
+    A = _launch.ADDRESS
+    launch = _launch.DirectLaunch(_FakeFunction(), (1,), (32,), 0, (A, np.int32(-3), np.uint64(0), A),
+                                  driver_launch=driver_launch)
+    launch(0, 0x1000, 0x2000)
+    assert read == [(0x1000, -3, 0, 0x2000)]
 
 
 def test_direct_launch_rejects_bad_geometry_and_scalar_types():
-    fake = dict(driver_launch=lambda *a: None, current_stream=_FakeStream)
+    fake = dict(driver_launch=lambda *a: None)
     with pytest.raises(ValueError, match="grid"):
-        _launch.DirectLaunch(_FakeFunction(), (), (32,), 0, 1, (), **fake)
+        _launch.DirectLaunch(_FakeFunction(), (), (32,), 0, (_launch.ADDRESS,), **fake)
     with pytest.raises(TypeError, match="float16"):
-        _launch.DirectLaunch(_FakeFunction(), (1,), (32,), 0, 1, (np.float16(1),), **fake)
+        _launch.DirectLaunch(_FakeFunction(), (1,), (32,), 0, (np.float16(1),), **fake)
 
 
 def test_launch_with_structs_passes_bytes_by_value():
@@ -195,54 +214,3 @@ def test_launch_with_structs_passes_bytes_by_value():
     with pytest.raises(TypeError, match="float16"):
         _launch.launch_with_structs(_FakeFunction(), (1,), (32,), 0, (np.float16(1),),
                                     driver_launch=driver_launch, current_stream=_FakeStream)
-
-
-def test_row_fast_path_writes_addresses_in_kernel_order(monkeypatch):
-    # the fast call of a row-wise operator (ops/_rows.fast_rows): the output made per call
-    # and slotted where the kernel takes it, null pointers for absent parameters, the op's
-    # own scalars (eps) after (rows, n), the 16-byte variant only when every pointer is
-    # aligned, and None (the checked path) for an input that is not C-contiguous
-    import ctypes
-    import types
-
-    from cupyops import _arrays
-    from cupyops.ops import _rows
-
-    made = []
-
-    class FakeArray:
-        def __init__(self, shape, dtype, ptr=0x9000, strides=None):
-            self.shape, self.dtype = shape, np.dtype(dtype)
-            self.strides = strides or _rows.c_strides(shape, self.dtype.itemsize)
-            self.data = types.SimpleNamespace(ptr=ptr)
-
-    def new_array(shape, dtype):
-        made.append(FakeArray(shape, dtype, ptr=0x9000 + 0x100 * len(made)))
-        return made[-1]
-
-    monkeypatch.setattr(_arrays, "cupy_module", lambda: types.SimpleNamespace(ndarray=new_array))
-    calls = []
-
-    def driver_launch(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
-        u64 = [ctypes.cast(slots[i], ctypes.POINTER(ctypes.c_uint64)).contents.value for i in range(3)]
-        rows = ctypes.cast(slots[3], ctypes.POINTER(ctypes.c_int64)).contents.value
-        n = ctypes.cast(slots[4], ctypes.POINTER(ctypes.c_int32)).contents.value
-        eps = ctypes.cast(slots[5], ctypes.POINTER(ctypes.c_float)).contents.value
-        aligned = ctypes.cast(slots[7], ctypes.POINTER(ctypes.c_int32)).contents.value
-        calls.append((gx, bx, u64, rows, n, eps, aligned))
-
-    plan = _rows.RowPlan(_FakeFunction(), "rms_norm_fused<float, 1>", 256, rows_per_block=8, tail=(32,))
-    fast = _rows.fast_rows(plan, (4, 6, 128), np.dtype(np.float32), ("x", "w", "out"), extra=(np.float32(0.5),),
-                           driver_launch=driver_launch, current_stream=lambda: _FakeStream)
-    x, w = FakeArray((4, 6, 128), np.float32, ptr=0x1000), FakeArray((128,), np.float32, ptr=0x2000)
-    y = fast(x, w)
-    assert y is made[0] and y.shape == (4, 6, 128)
-    assert calls[-1] == (3, 256, [0x1000, 0x2000, 0x9000], 24, 128, 0.5, 1)
-    fast(x, None)  # no weight: a null pointer, still aligned
-    assert calls[-1][2] == [0x1000, 0, 0x9100] and calls[-1][6] == 1
-    fast(FakeArray((4, 6, 128), np.float32, ptr=0x1004), w)  # a row start off 16 bytes
-    assert calls[-1][6] == 0
-    assert fast(FakeArray((4, 6, 128), np.float32, strides=(8192, 1024, 8)), w) is None  # strided
-    assert fast(x, FakeArray((128,), np.float32, strides=(8,))) is None
-    assert len(calls) == 3

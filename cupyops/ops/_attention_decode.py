@@ -16,7 +16,7 @@ import dataclasses
 
 import numpy as np
 
-from .. import _arrays, _dtypes, _launch
+from .. import _arrays, _dtypes, _fast, _launch
 from .._kernels import KernelFile, template_name
 from ._attention_problem import MAX_HEAD_DIM
 
@@ -266,6 +266,19 @@ def launch(impl, p):
         raise ValueError(f"impl: unknown decode rung {impl!r}; expected decode")
     if p.B == 0 or p.Hq == 0 or p.Sq == 0 or p.D == 0:
         return  # nothing to write
+    _fast.launch_checked(*launches(p))
+
+
+def fast_launches(impl, p):
+    """``p``'s launches and workspace bytes for a fast call (cupyops/_fast.py): the plan is
+    a function of the shapes and the kernel checks alignment itself."""
+    return launches(p) if impl == "decode" and p.B and p.Hq and p.Sq and p.D else None
+
+
+def launches(p):
+    """The split kernel and, for more than one split, the merge, as (fn, grid, block, smem,
+    args) each (the partial outputs and LSEs ``_fast.Work`` pieces 0 and 1), and the
+    workspace bytes."""
     props = _launch.device_props()
     pl = _launch.memo(_PLANS, (p.shape_key(), props.sm_count),
                       lambda: plan(p.dtype, p.B, p.Hq, p.Hkv, p.Sq, p.Skv, p.D, p.causal,
@@ -275,13 +288,13 @@ def launch(impl, p):
     args = p.args()
     i32 = np.int32
     if pl.splits > 1:
-        cp = _arrays.cupy_module()
-        work_o = cp.empty(pl.work_o, dtype=np.float32)
-        work_lse = cp.empty(pl.work_lse, dtype=np.float32)
+        work_o, work_lse, work = _fast.Work(0), _fast.Work(1), (4 * pl.work_o, 4 * pl.work_lse)
     else:
         work_o = work_lse = _arrays.NULL_PTR  # one split writes O and LSE itself
-    fn(pl.grid, pl.block, args + (work_o, work_lse, i32(pl.splits), i32(pl.chunk), i32(pl.nrt)),
-       shared_mem=pl.launch_smem)
+        work = ()
+    out = [(fn, pl.grid, pl.block, pl.launch_smem,
+            args + (work_o, work_lse, i32(pl.splits), i32(pl.chunk), i32(pl.nrt)))]
     if pl.splits > 1:
-        merge = KERNELS.function(pl.merge_name)
-        merge(pl.merge_grid, pl.merge_block, args + (work_o, work_lse, i32(pl.splits)))
+        out.append((KERNELS.function(pl.merge_name), pl.merge_grid, pl.merge_block, 0,
+                    args + (work_o, work_lse, i32(pl.splits))))
+    return out, work

@@ -15,6 +15,9 @@ A launcher module exposes:
   names the argument, e.g. "head_dim: flash supports 64, 128, got 80")
 - ``launch(impl, p)``: run it on CuPy's current stream, writing ``p.O`` (and ``p.LSE``
   unless it is None); any workspace comes from CuPy's memory pool.
+- optionally ``fast_launches(impl, p)``: (its launches as (fn, grid, block, smem, args),
+  the workspace bytes) for a memoized fast call (cupyops/_fast.py) that replays them on
+  other operands of the same layout, or None where they cannot be replayed.
 """
 import dataclasses
 

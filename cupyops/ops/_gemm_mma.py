@@ -42,7 +42,7 @@ import dataclasses
 
 import numpy as np
 
-from .. import _arrays, _dtypes, _launch, _tma
+from .. import _dtypes, _fast, _launch, _tma
 from .._kernels import SPLIT_COMPILE, KernelFile, template_name
 from ._gemm_problem import LAYOUTS, check_rung
 
@@ -254,19 +254,29 @@ def split_plan(impl, p, config=None, sm_count=132):
                      (reduce_blocks,))
 
 
-def _launch_split(sp, p, props):
+def split_launches(sp, p, props):
+    """The split-K pass and its reduction for ``p`` as (fn, grid, block, smem, args) each
+    (the float32 partials a ``_fast.Work`` piece), and the partials' bytes."""
     fn = KERNELS.function(sp.name)
     _launch.request_smem(fn, sp.smem, props, "gemm_mma (split-K)")
-    cp = _arrays.cupy_module()
-    work = cp.empty(sp.splits * p.M * p.N, dtype=np.float32)
-    i64 = np.int64
-    fn(sp.grid, sp.block, (p.A, p.B, work, np.int32(p.M), np.int32(p.N), np.int32(p.K), i64(p.lda),
-                           i64(p.ldb), np.int32(sp.ks), np.int32(sp.splits)), shared_mem=sp.smem)
+    work = _fast.Work(0)
+    i32, i64 = np.int32, np.int64
     beta = p.beta if p.C is not None else 0.0
-    KERNELS.function(sp.reduce)(
-        sp.reduce_grid, (256,),
-        (work, p.C if p.C is not None else p.D, p.D, np.int32(p.M), np.int32(p.N), np.int32(sp.splits),
-         i64(p.ldc), i64(p.ldd), np.float32(p.alpha), np.float32(beta)))
+    return [(fn, sp.grid, sp.block, sp.smem,
+             (p.A, p.B, work, i32(p.M), i32(p.N), i32(p.K), i64(p.lda), i64(p.ldb), i32(sp.ks), i32(sp.splits))),
+            (KERNELS.function(sp.reduce), sp.reduce_grid, (256,), 0,
+             (work, p.C if p.C is not None else p.D, p.D, i32(p.M), i32(p.N), i32(sp.splits), i64(p.ldc),
+              i64(p.ldd), np.float32(p.alpha), np.float32(beta)))], (4 * sp.splits * p.M * p.N,)
+
+
+def fast_launches(impl, p):
+    """``p``'s launches and workspace bytes for a fast call (cupyops/_fast.py) where they
+    can be replayed on other operands of the same layout: split-K's (its plan a function of
+    the shapes alone; its kernels check alignment themselves). None for the other plans,
+    whose tensor maps hold the operands' addresses."""
+    props = _launch.device_props()
+    sp = split_plan(impl, p, None, props.sm_count)
+    return None if sp is None else split_launches(sp, p, props)
 
 
 _PLANS = {}  # memoized (plan, config) per (impl, GemmProblem.shape_key, config, SMs, TMA feed)
@@ -293,7 +303,7 @@ def launch(impl, p, config=None):
 
     pl, extra = _launch.memo(_PLANS, (impl, p.shape_key(), config, props.sm_count, tma), build)
     if isinstance(pl, SplitPlan):
-        _launch_split(pl, p, props)
+        _fast.launch_checked(*split_launches(pl, p, props))
         return
     args = p.args()
     cfg, tma_plan = extra

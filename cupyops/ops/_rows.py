@@ -9,7 +9,7 @@ choice once.
 """
 import numpy as np
 
-from .. import _arrays, _dtypes, _launch
+from .. import _arrays, _dtypes, _fast, _launch
 from .._kernels import template_name
 
 # What the staged rung adds, the same for every row-wise operator.
@@ -35,19 +35,20 @@ class RowPlan:
     def _tail(self, aligned):
         return self.tail + (_ALIGNED[aligned],) if self.takes_aligned else self.tail
 
-    def scalar_args(self, rows, n, aligned, extra=()):
-        """The kernel's arguments after its arrays (x, y[, weight, bias, ...]): (rows, n),
-        the op's own scalars ``extra`` (the norms' eps), and this plan's tail."""
-        return shape_args(rows, n) + tuple(extra) + self._tail(aligned)
-
     def launch(self, rows, args, aligned):
-        grid, args = self.grid(rows), args + self._tail(aligned)
-        # CuPy's shared_mem= keyword alone costs 0.5-1.9 us a call on the H100 hosts
-        # (NOTES item 38): passed only when needed
-        if self.smem:
-            self.fn(grid, (self.block,), args, shared_mem=self.smem)
-        else:
-            self.fn(grid, (self.block,), args)
+        _fast.launch_checked([self.launch_spec(rows, args, aligned)])
+
+    def launch_spec(self, rows, args, aligned):
+        """(fn, grid, block, smem, args) of the launch over ``rows`` rows (``args``: the
+        op's own, this plan's tail appended)."""
+        return self.fn, self.grid(rows), (self.block,), self.smem, args + self._tail(aligned)
+
+    def fast_variants(self, rows, n, itemsize, args):
+        """The launch lists of a FastCall (``_fast.build``) over ``rows`` rows of n
+        elements: the scalar path for rows off 16 bytes, the 16-byte one for aligned rows
+        where the row length allows it."""
+        vec_ok = n % (16 // itemsize) == 0
+        return tuple([self.launch_spec(rows, args, aligned)] for aligned in (False, vec_ok))
 
 
 _ALIGNED = (np.int32(0), np.int32(1))
@@ -106,77 +107,3 @@ def _choose(kernels, op, impl, n, dt, fallback, simple_block):
         impl = fallback
     fn, name = get(template_name(f"{op}_{impl}", t))
     return RowPlan(fn, name, simple_block, takes_aligned=impl == "online")
-
-
-# ------------------------------------------------------------------ the memoized fast path
-# A call of a row-wise operator that passed every check once with the same (array types,
-# shapes, dtypes, scalars, impl, device) maps to its launch, so a repeated call skips the
-# checks and the plan lookup and pays for the output allocation and the launch only
-# (benchmarks/host_overhead.py on the H100 hosts: the checks and lookups cost more than the
-# kernel launch itself). Only C-contiguous CuPy arrays take it; anything else returns None
-# from the fast call and goes the checked way.
-class FastCalls(dict):
-    """One row operator's memo of fast calls (``fast_rows``) by call signature: a key the
-    operator builds from its arguments (None: a call the fast path cannot take)."""
-
-    def find(self, key):
-        """The fast call of ``key``, or None (none yet, or not an array: an unhashable
-        shape or dtype, which the checked path then names)."""
-        try:
-            return self.get(key)
-        except TypeError:
-            return None
-
-    def remember(self, key, make):
-        """After a checked launch: ``make()`` the fast call of ``key`` once."""
-        if key is not None:
-            _launch.memo(self, key, make)
-
-
-def c_strides(shape, itemsize):
-    """The byte strides of a C-contiguous array of ``shape``."""
-    out, step = [], itemsize
-    for d in reversed(shape):
-        out.append(step)
-        step *= max(d, 1)
-    return tuple(reversed(out))
-
-
-def fast_rows(p, shape, dtype, arrays, extra=(), **launch_kw):
-    """The fast call of plan ``p`` on C-contiguous rows of ``shape`` and ``dtype``:
-    ``call(*arrays)`` with the kernel's arrays in its order (None for an absent weight or
-    bias: a null pointer; the output, marked by the string "out" in ``arrays``, is made
-    here from CuPy's current allocator) returns the output, or None when an input is not
-    C-contiguous (1-D parameters: unit-stride). Everything that depends only on the shape is
-    computed once: the grid, the block and the scalar arguments, packed into a
-    ``DirectLaunch`` for 16-byte-aligned rows and one for others, so a call writes the
-    addresses and launches. (``launch_kw``: DirectLaunch's stand-ins, for the CPU tier.)"""
-    cp = _arrays.cupy_module()
-    n = shape[-1]
-    rows = _launch.cdiv(int(np.prod(shape, dtype=np.int64)), n)
-    vec_ok = n % (16 // dtype.itemsize) == 0
-    # [unaligned, aligned]: the 16-byte path needs every row (and parameter) 16-byte aligned
-    launches = tuple(_launch.DirectLaunch(p.fn, p.grid(rows), (p.block,), p.smem, len(arrays),
-                                          p.scalar_args(rows, n, aligned=a, extra=extra), **launch_kw)
-                     for a in (False, vec_ok))
-    x_strides, p_strides = c_strides(shape, dtype.itemsize), (dtype.itemsize,)
-    out_at = arrays.index("out")
-
-    def call(*given):
-        addrs, any_bits = [], 0
-        for i, a in enumerate(given):
-            if a is None:
-                addrs.append(0)
-                continue
-            if a.strides != (x_strides if i == 0 else p_strides):
-                return None
-            ptr = a.data.ptr
-            addrs.append(ptr)
-            any_bits |= ptr
-        y = cp.ndarray(shape, dtype)  # cp.empty less a Python call
-        yp = y.data.ptr
-        addrs.insert(out_at, yp)
-        launches[not (any_bits | yp) & 15](*addrs)
-        return y
-
-    return call

@@ -21,7 +21,7 @@ import types
 import numpy as np
 
 from .._interop import foreign_arrays
-from .. import _arrays, _dtypes, _launch
+from .. import _arrays, _dtypes, _fast, _launch
 from . import _attention_decode, _attention_flash, _attention_flash3, _attention_simt
 from ._attention_problem import MAX_HEAD_DIM, AttentionProblem
 
@@ -76,7 +76,21 @@ def auto_impl(p, hopper=False):
 
 
 # ------------------------------------------------------------------------- public API
-@foreign_arrays()
+def _fast_spec(sig, q, k, v, *, causal=False, causal_align="top_left", scale=None, layout="bshd",
+               return_lse=False, out=None, impl="auto"):
+    """attention's fast-path signature (cupyops/_fast.py): the operands' layouts and the
+    options, for calls with no out= or LSE."""
+    if (out is not None or return_lse is not False or type(causal) is not bool or type(causal_align) is not str
+            or (scale is not None and type(scale) is not float) or type(layout) is not str
+            or type(impl) is not str):
+        return None
+    return (sig(q), sig(k), sig(v), causal, causal_align, scale, layout, impl), (q, k, v)
+
+
+_FAST = _fast.FastCalls(_fast_spec)
+
+
+@foreign_arrays(fast=_FAST)
 def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, layout="bshd",
               return_lse=False, out=None, impl="auto"):
     """Scaled dot-product attention, ``softmax(scale * q @ k^T [+ causal mask]) @ v``.
@@ -164,6 +178,9 @@ def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, lay
                for x in (q, k, v)]
         p = _problem(dt, (B, Hq, Hkv, Sq, Skv, D), layout, ops, y, lse, scale, causal, offset)
         _LAUNCHERS[impl].launch(impl, p)
+        replay = getattr(_LAUNCHERS[impl], "fast_launches", None)
+        if replay and not host and out is None and not return_lse:  # offered to the fast path
+            _FAST.offer(lambda: _fast.build_from_launcher(replay(impl, p), (q, k, v), (y,)))
     result = _arrays.finish(y, out, call)
     if not return_lse:
         return result

@@ -23,7 +23,7 @@ import numbers
 import numpy as np
 
 from .._interop import foreign_arrays
-from .. import _arrays, _dtypes, _launch
+from .. import _arrays, _dtypes, _fast, _launch
 from . import _gemm_mma, _gemm_simt, _gemm_skinny, _gemm_wgmma
 from ._gemm_problem import GemmProblem
 
@@ -77,7 +77,18 @@ def _wgmma_props():
 
 
 # ------------------------------------------------------------------------- public API
-@foreign_arrays()
+def _fast_spec_matmul(sig, a, b, *, out=None, impl="auto"):
+    """matmul's fast-path signature (cupyops/_fast.py): both operands' layouts and impl,
+    for calls with no out=."""
+    if out is not None or type(impl) is not str:
+        return None
+    return (sig(a), sig(b), impl), (a, b)
+
+
+_FAST = _fast.FastCalls(_fast_spec_matmul)
+
+
+@foreign_arrays(fast=_FAST)
 def matmul(a, b, *, out=None, impl="auto"):
     """``numpy.matmul``: 2-D products and stacks with broadcast batch dimensions; a 1-D
     operand is a row (a) or a column (b) vector whose axis is dropped from the result.
@@ -216,8 +227,14 @@ def _gemm(a, b, c, alpha, beta, ta, tb, out, impl, squeeze, op):
     d = y if not squeeze else y.reshape(full)
     if K == 0:
         impl = "naive"  # D = beta * C (or 0): every kernel agrees; the simplest launches
-    for p in _problems(dt, ta, tb, M, N, K, a, b, c, d, batch, alpha, beta, cp):
+    problems = list(_problems(dt, ta, tb, M, N, K, a, b, c, d, batch, alpha, beta, cp))
+    for p in problems:
         _LAUNCHERS[impl].launch(impl, p)
+    replay = getattr(_LAUNCHERS[impl], "fast_launches", None)
+    if op == "matmul" and call is None and out is None and not squeeze and len(problems) == 1 and replay:
+        # a plain product of the caller's own operands: offered to the fast path (build()
+        # refuses launches that read a copy)
+        _FAST.offer(lambda: _fast.build_from_launcher(replay(impl, problems[0]), (a, b), (y,)))
     return _arrays.finish(y, out, call)
 
 

@@ -2,7 +2,7 @@
 import numpy as np
 
 from .._interop import foreign_arrays
-from .. import _arrays, _dtypes, _launch
+from .. import _arrays, _dtypes, _fast, _launch
 from .._kernels import KernelFile, template_name
 from . import _rows
 
@@ -46,49 +46,23 @@ KERNELS = KernelFile("norm.cu", _expressions())
 KERNEL_FILES = [KERNELS]
 
 
-# Steady-state fast path (as softmax's): a call of (x, weight, bias) types, shapes and
-# dtypes, eps, impl and device that passed every check once, with C-contiguous CuPy arrays
-# and no out= (layer_norm: no return_stats), maps to its fast call (_rows.fast_rows).
-_FAST = _rows.FastCalls()
-
-
-def _sig(a):
-    return None if a is None else (type(a), a.shape, a.dtype)
-
-
-def _fast_key(op, x, weight, bias, eps, impl):
-    """``_FAST``'s key of a call (arguments of any kind), or None when it cannot take it."""
-    if type(impl) is not str or type(eps) is not float:
+def _fast_spec_layer_norm(sig, x, weight=None, bias=None, eps=1e-5, *, return_stats=False, out=None,
+                          impl="auto"):
+    """layer_norm's fast-path signature (cupyops/_fast.py): the arrays' layouts, eps and
+    impl, for calls with no out= or statistics."""
+    if out is not None or return_stats is not False or type(eps) is not float or type(impl) is not str:
         return None
-    try:
-        return (op, type(x), x.shape, x.dtype, _sig(weight), _sig(bias), eps, impl,
-                _arrays.current_device_or_none())
-    except AttributeError:  # not arrays: the checked path says what is wrong
+    return (sig(x), sig(weight), sig(bias), eps, impl), (x, weight, bias)
+
+
+def _fast_spec_rms_norm(sig, x, weight=None, eps=1e-6, *, out=None, impl="auto"):
+    """rms_norm's fast-path signature, as layer_norm's."""
+    if out is not None or type(eps) is not float or type(impl) is not str:
         return None
+    return (sig(x), sig(weight), eps, impl), (x, weight)
 
 
-def _fast_call(op, impl, shape, dtype, dt, eps):
-    n = shape[-1]
-    p = _rows.plan(KERNELS, op, impl, n, dt, "welford" if op == "layer_norm" else "twopass")
-    arrays = ("x", "w", "b", "out", "mean", "rstd") if op == "layer_norm" else ("x", "w", "out")
-    return _rows.fast_rows(p, shape, dtype, arrays, extra=(np.float32(eps),))
-
-
-def _take_fast(op, x, weight, bias, eps, impl):
-    """The fast call's result, or None (no fast call for this signature, or a layout it
-    does not take)."""
-    fast = _FAST.find(_fast_key(op, x, weight, bias, eps, impl))
-    if fast is None:
-        return None
-    return fast(x, weight, bias, None, None) if op == "layer_norm" else fast(x, weight)
-
-
-def _remember(op, x, weight, bias, eps, impl, dt, taken):
-    """After a checked launch: memoize the fast call when the launch read the caller's own
-    arrays (``taken``: no copies were made) on CuPy's side."""
-    if taken:
-        _FAST.remember(_fast_key(op, x, weight, bias, eps, impl),
-                       lambda: _fast_call(op, impl, x.shape, x.dtype, dt, eps))
+_FAST = {"layer_norm": _fast.FastCalls(_fast_spec_layer_norm), "rms_norm": _fast.FastCalls(_fast_spec_rms_norm)}
 
 
 def _check(x, weight, bias, eps, out, impl, op):
@@ -104,17 +78,12 @@ def _check(x, weight, bias, eps, out, impl, op):
     return x, dt, weight, bias, eps, out
 
 
-@foreign_arrays()
+@foreign_arrays(fast=_FAST["layer_norm"])
 def layer_norm(x, weight=None, bias=None, eps=1e-5, *, return_stats=False, out=None, impl="auto"):
     """LayerNorm over the last axis: ``(x - mean) / sqrt(var + eps) * weight + bias`` with the
     biased variance, as ``torch.nn.functional.layer_norm``. weight and bias have shape
     (n,) and x's dtype. With ``return_stats=True`` returns ``(y, mean, rstd)``, the
     statistics as float32 arrays of shape ``x.shape[:-1]``."""
-    if out is None and not return_stats:
-        y = _take_fast("layer_norm", x, weight, bias, eps, impl)
-        if y is not None:
-            return y
-    args = (x, weight, bias, eps)
     x, dt, weight, bias, eps, out = _check(x, weight, bias, eps, out, impl, "layer_norm")
     call = None if _arrays.is_cupy(x) else _arrays.HostCall()
     cp = _arrays.cupy_module()
@@ -128,9 +97,9 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, return_stats=False, out=N
         xd = _arrays.to_device(x, call)
         wd = _arrays.to_device(weight, call) if weight is not None else None
         bd = _arrays.to_device(bias, call) if bias is not None else None
-        _norm_rows("layer_norm", impl, dt, xd, wd, bd, y, mean, rstd, x.size // n, n, eps)
-        if out is None and not return_stats and call is None:
-            _remember("layer_norm", *args, impl, dt, xd is x and wd is weight and bd is bias)
+        _norm_rows("layer_norm", impl, dt, xd, wd, bd, y, mean, rstd, x.size // n, n, eps,
+                   remember=out is None and not return_stats and call is None
+                   and xd is x and wd is weight and bd is bias)
     elif return_stats and mean.size:  # rows of length 0: NumPy's mean of nothing is NaN
         mean.fill(np.nan)
         rstd.fill(np.nan)
@@ -140,15 +109,10 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, return_stats=False, out=N
     return y, _arrays.finish(mean, None, call), _arrays.finish(rstd, None, call)
 
 
-@foreign_arrays()
+@foreign_arrays(fast=_FAST["rms_norm"])
 def rms_norm(x, weight=None, eps=1e-6, *, out=None, impl="auto"):
     """RMSNorm over the last axis: ``x / sqrt(mean(x**2) + eps) * weight``, as
     ``torch.nn.functional.rms_norm``."""
-    if out is None:
-        y = _take_fast("rms_norm", x, weight, None, eps, impl)
-        if y is not None:
-            return y
-    args = (x, weight, None, eps)
     x, dt, weight, _, eps, out = _check(x, weight, None, eps, out, impl, "rms_norm")
     call = None if _arrays.is_cupy(x) else _arrays.HostCall()
     _arrays.cupy_module()
@@ -157,9 +121,8 @@ def rms_norm(x, weight=None, eps=1e-6, *, out=None, impl="auto"):
     if x.size:
         xd = _arrays.to_device(x, call)
         wd = _arrays.to_device(weight, call) if weight is not None else None
-        _norm_rows("rms_norm", impl, dt, xd, wd, None, y, None, None, x.size // n, n, eps)
-        if out is None and call is None:
-            _remember("rms_norm", *args, impl, dt, xd is x and wd is weight)
+        _norm_rows("rms_norm", impl, dt, xd, wd, None, y, None, None, x.size // n, n, eps,
+                   remember=out is None and call is None and xd is x and wd is weight)
     return _arrays.finish(y, out, call)
 
 
@@ -167,7 +130,9 @@ def _p(a):
     return _arrays.NULL_PTR if a is None else a
 
 
-def _norm_rows(op, impl, dt, xd, wd, bd, y, mean, rstd, rows, n, eps):
+def _norm_rows(op, impl, dt, xd, wd, bd, y, mean, rstd, rows, n, eps, remember=False):
+    """Launch ``op`` over the rows; ``remember``: the launch read the caller's own arrays
+    (no copies) into a new output, so the call is offered to the fast path."""
     aligned = _launch.rows_aligned(16 // xd.itemsize, n, xd, y, wd, bd)
     eps = np.float32(eps)
     if op == "layer_norm":
@@ -175,4 +140,8 @@ def _norm_rows(op, impl, dt, xd, wd, bd, y, mean, rstd, rows, n, eps):
     else:
         args = (xd, _p(wd), y, *_rows.shape_args(rows, n), eps)
     fallback = "welford" if op == "layer_norm" else "twopass"
-    _rows.plan(KERNELS, op, impl, n, dt, fallback).launch(rows, args, aligned)
+    plan = _rows.plan(KERNELS, op, impl, n, dt, fallback)
+    plan.launch(rows, args, aligned)
+    if remember:
+        inputs = (xd, wd, bd) if op == "layer_norm" else (xd, wd)
+        _FAST[op].offer(lambda: _fast.build(plan.fast_variants(rows, n, xd.itemsize, args), inputs, (y,)))

@@ -12,7 +12,7 @@ import builtins
 import numpy as np
 
 from .._interop import foreign_arrays
-from .. import _arrays, _dtypes, _launch
+from .. import _arrays, _dtypes, _fast, _launch
 from .._kernels import KernelFile, template_name
 
 VARIANTS = {
@@ -130,14 +130,31 @@ def trace(a, *, impl="auto"):
 
 
 # ---------------------------------------------------------------------------- sum / max
-@foreign_arrays()
+def _fast_spec_sum(sig, x, axis=None, dtype=None, out=None, *, keepdims=False, impl="auto"):
+    """sum's fast-path signature (cupyops/_fast.py): x's layout, one axis or all, keepdims
+    and impl, for calls with no out= and the default result dtype."""
+    if (out is not None or dtype is not None or (axis is not None and type(axis) is not int)
+            or type(keepdims) is not bool or type(impl) is not str):
+        return None
+    return (sig(x), axis, keepdims, impl), (x,)
+
+
+def _fast_spec_max(sig, x, axis=None, out=None, *, keepdims=False, impl="auto"):
+    """max's fast-path signature, as sum's."""
+    return _fast_spec_sum(sig, x, axis, None, out, keepdims=keepdims, impl=impl)
+
+
+_FAST = {"sum": _fast.FastCalls(_fast_spec_sum), "max": _fast.FastCalls(_fast_spec_max)}
+
+
+@foreign_arrays(fast=_FAST["sum"])
 def sum(x, axis=None, dtype=None, out=None, *, keepdims=False, impl="auto"):  # noqa: A001
     """Sum over ``axis`` (None: all; int or tuple), NumPy semantics: int32 sums to int64,
     half types accumulate in float32 and return their own dtype unless ``dtype`` says."""
     return _reduce("sum", x, axis, dtype, out, keepdims, impl)
 
 
-@foreign_arrays()
+@foreign_arrays(fast=_FAST["max"])
 def max(x, axis=None, out=None, *, keepdims=False, impl="auto"):  # noqa: A001
     """Maximum over ``axis`` (None: all; int or tuple); NaN propagates as in NumPy."""
     return _reduce("max", x, axis, None, out, keepdims, impl)
@@ -178,7 +195,9 @@ def _reduce(op, x, axis, dtype, out, keepdims, impl):
     xd = _arrays.to_device(x, call)
     nd = x.ndim
     if nd == 0 or axes == tuple(range(nd - len(axes), nd)):  # trailing axes: rows
-        _rows(op, impl, xd, y, y.size, n_red, din, dout)
+        variants = _rows(op, impl, xd, y, y.size, n_red, din, dout)
+        if variants is not None and xd is x and out is None:  # one launch on the caller's array
+            _FAST[op].offer(lambda: _fast.build(variants(), (x,), (y,)))
     elif len(axes) == 1:
         a = axes[0]
         outer = int(np.prod(shape[:a], dtype=np.int64))
@@ -284,12 +303,15 @@ def flat_plan(R, n, sm_count, *, per_sm=FLAT_WAVE_PER_SM):
 
 
 def _rows(op, impl, xd, y, R, n, din, dout):
+    """Reduce R rows of n elements of ``xd`` into ``y``. A reduction of one launch returns
+    the maker of its fast-call launch lists (off 16 bytes, aligned); the others None."""
     props = _launch.device_props()
     vec = 16 // xd.itemsize
     S, L = split_plan(R, n, props.sm_count, impl, vec)
     if S == 1:
         _rows_launch(op, impl, xd, y, R, n, 1, n, din, dout)
-        return
+        return lambda: tuple([_row_spec(op, impl, xd, y, R, n, 1, n, din, dout, aligned)]
+                             for aligned in (False, n % vec == 0))
     acc = _OPS[op][1][dout]
     cp = _arrays.cupy_module()
     if impl == "vector" and R <= FLAT_MAX_ROWS:
@@ -297,29 +319,36 @@ def _rows(op, impl, xd, y, R, n, din, dout):
         partial = cp.empty((R, P), _dtypes.to_dtype(acc))
         fn = KERNELS.function(_name("reduce_rows_flat", op, din, dout))
         fn((P, R), (FLAT_THREADS,), (xd, y, np.int64(n), partial, _arrays.tickets(R)))
-        return
+        return None
     partial = cp.empty((R, S), _dtypes.to_dtype(acc))
     if impl == "vector" and S <= ONE_LAUNCH_SPLITS and vector_group(L, xd.itemsize) >= 128:
         # one segment a block (G == block), which the in-kernel finish needs
         _rows_launch(op, impl, xd, y, R, n, S, L, din, dout, partial, _arrays.tickets(R))
-        return
+        return None
     _rows_launch(op, impl, xd, partial, R, n, S, L, din, acc)
     _rows_launch(op, impl, partial, y, R, S, 1, S, acc, dout)
+    return None
 
 
 def _rows_launch(op, impl, xd, y, R, n, S, L, din, dout, partial=_arrays.NULL_PTR,
                  tickets=_arrays.NULL_PTR):
+    vec = 16 // xd.itemsize
+    aligned = _launch.rows_aligned(vec, n, xd) and L % vec == 0
+    _fast.launch_checked([_row_spec(op, impl, xd, y, R, n, S, L, din, dout, aligned, partial, tickets)])
+
+
+def _row_spec(op, impl, xd, y, R, n, S, L, din, dout, aligned, partial=_arrays.NULL_PTR,
+              tickets=_arrays.NULL_PTR):
+    """(fn, grid, block, smem, args) of one row-reduction launch; ``aligned``: rows start
+    on 16-byte boundaries (the `vector` rung's 16-byte loads)."""
     fn = KERNELS.function(_name(_ROW_KERNELS[impl], op, din, dout))
     V = R * S
     args = (xd, y, np.int64(R), np.int64(n), np.int32(S), np.int64(L))
     if impl == "naive":
-        fn((_launch.cdiv(V, 128),), (128,), args)
-    elif impl == "block":
-        fn((V,), (256,), args)
-    else:
-        G = vector_group(L, xd.itemsize)
-        vec = 16 // xd.itemsize
-        aligned = _launch.rows_aligned(vec, n, xd) and L % vec == 0
-        block = builtins.max(G, VECTOR_BLOCK)  # this module's max is the reduction
-        fn((_launch.cdiv(V, block // G),), (block,),
-           args + (np.int32(G), np.int32(aligned), partial, tickets))
+        return fn, (_launch.cdiv(V, 128),), (128,), 0, args
+    if impl == "block":
+        return fn, (V,), (256,), 0, args
+    G = vector_group(L, xd.itemsize)
+    block = builtins.max(G, VECTOR_BLOCK)  # this module's max is the reduction
+    return (fn, (_launch.cdiv(V, block // G),), (block,), 0,
+            args + (np.int32(G), np.int32(aligned), partial, tickets))

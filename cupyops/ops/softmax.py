@@ -2,7 +2,7 @@
 is moved last (one copy each way)."""
 
 from .._interop import foreign_arrays
-from .. import _arrays, _dtypes, _launch
+from .. import _arrays, _dtypes, _fast, _launch
 from .._kernels import KernelFile, template_name
 from . import _rows
 
@@ -36,34 +36,21 @@ KERNELS = KernelFile("softmax.cu", _expressions())
 KERNEL_FILES = [KERNELS]
 
 
-# Steady-state fast path for the common call softmax(cupy_array) (last axis, no out=): a
-# (type, shape, dtype, axis, impl, device) that passed every check once maps to its fast
-# call (_rows.fast_rows: C-contiguous inputs; the checked path copies the others).
-_FAST = _rows.FastCalls()
-
-
-def _fast_key(x, axis, impl):
-    """``_FAST``'s key of a call (x of any kind), or None when the call cannot take it. The
-    lookup and the store both build it here; it is most of a repeated call's Python work."""
-    if type(axis) is not int or type(impl) is not str:
+def _fast_spec(sig, x, axis=-1, out=None, *, impl="auto"):
+    """softmax's fast-path signature (cupyops/_fast.py): x's layout, axis and impl, for
+    calls with no out=."""
+    if out is not None or type(axis) is not int or type(impl) is not str:
         return None
-    try:
-        return (type(x), x.shape, x.dtype, axis, impl, _arrays.current_device_or_none())
-    except AttributeError:  # not an array: the checked path says what is wrong
-        return None
+    return (sig(x), axis, impl), (x,)
 
 
-@foreign_arrays()
+_FAST = _fast.FastCalls(_fast_spec)
+
+
+@foreign_arrays(fast=_FAST)
 def softmax(x, axis=-1, out=None, *, impl="auto"):
     """``exp(x - max) / sum(exp(x - max))`` along ``axis``; float32, float16, bfloat16 with
     float32 math. A row of all -inf gives NaN, as in NumPy."""
-    axis_arg = axis
-    if out is None:
-        fast = _FAST.find(_fast_key(x, axis, impl))
-        if fast is not None:
-            y = fast(x)
-            if y is not None:
-                return y
     x = _arrays.as_input(x, "x")
     dt = _arrays.check_dtype(x, "x", _dtypes.FLOAT_TYPES)
     _arrays.check_ndim(x, "x", min_ndim=1)
@@ -77,11 +64,11 @@ def softmax(x, axis=-1, out=None, *, impl="auto"):
     if x.size:
         xd = _arrays.to_device(x, call)
         if axis == x.ndim - 1:
-            softmax_rows(impl, xd, y, dt)
-            # only a C-contiguous CuPy input (xd is x) would take the fast path next time; CuPy
-            # is loaded now, so the key holds the device
-            if xd is x and out is None:
-                _FAST.remember(_fast_key(x, axis_arg, impl), lambda: _fast_call(impl, x.shape, x.dtype, dt))
+            args = softmax_rows(impl, xd, y, dt)
+            if xd is x and out is None:  # the caller's own array was read: remember the call
+                rows, n = x.size // x.shape[-1], x.shape[-1]
+                _FAST.offer(lambda: _fast.build(_plan(impl, n, dt).fast_variants(rows, n, x.itemsize, args),
+                                                (x,), (y,)))
         else:
             xt = cp.ascontiguousarray(cp.moveaxis(xd, axis, -1))
             yt = cp.empty_like(xt)
@@ -90,20 +77,15 @@ def softmax(x, axis=-1, out=None, *, impl="auto"):
     return _arrays.finish(y, out, call)
 
 
-def _fast_call(impl, shape, dtype, dt):
-    """softmax of a C-contiguous CuPy array of this shape and dtype whose checks already
-    passed (_rows.fast_rows), or None for another layout (the caller takes the checked
-    path)."""
-    return _rows.fast_rows(_plan(impl, shape[-1], dt), shape, dtype, ("x", "out"))
-
-
 def _plan(impl, n, dt):
     return _rows.plan(KERNELS, "softmax", impl, n, dt, "online", simple_block=256 if impl == "naive" else 512)
 
 
 def softmax_rows(impl, xd, y, dt):
-    """Softmax of the rows of contiguous ``xd`` (last axis) into contiguous ``y``."""
+    """Softmax of the rows of contiguous ``xd`` (last axis) into contiguous ``y``; returns
+    the kernel's arguments before the plan's tail."""
     n = xd.shape[-1]
     rows = xd.size // n
-    p = _plan(impl, n, dt)
-    p.launch(rows, (xd, y, *_rows.shape_args(rows, n)), _launch.rows_aligned(16 // xd.itemsize, n, xd, y))
+    args = (xd, y, *_rows.shape_args(rows, n))
+    _plan(impl, n, dt).launch(rows, args, _launch.rows_aligned(16 // xd.itemsize, n, xd, y))
+    return args

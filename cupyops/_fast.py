@@ -1,0 +1,344 @@
+"""Memoized fast calls: what a decode loop pays per operator call.
+
+In a decode loop each operator runs a few microseconds of GPU work, so the host's time per
+call decides the speed. A call that passed every check once for a signature (the shapes,
+strides and dtypes of its arrays, its options, the device) is remembered as a
+``FastCall``: its kernel launches with their geometry and scalar arguments packed once
+(``_launch.DirectLaunch``), the shapes and dtypes of its outputs, and the workspace its
+launches share. A later call of the same signature builds one key from its arguments,
+finds the FastCall in a dict, allocates the outputs, writes the addresses and launches.
+Anything else (another layout or dtype, an option the fast path does not take, a bad
+argument) finds nothing and takes the checked path, which raises its errors, as ever,
+before anything runs. A remembered signature fixes the strides, so only arrays laid out
+exactly like the checked ones take it; the one thing a FastCall looks at per call is
+whether the input addresses are 16-byte aligned, for the kernels that take a 16-byte path.
+
+Two kinds of device array take it:
+
+- CuPy arrays: outputs and workspace from CuPy's current allocator, launches on CuPy's
+  current stream (so ``with stream:`` and CuPy's stream capture see them).
+- CUDA torch tensors (``torch.Tensor``, ``nn.Parameter``): outputs and workspace from
+  torch's caching allocator (``torch.empty`` on the tensor's device: under
+  ``torch.cuda.graph`` they come from the graph's pool), launches on torch's current stream
+  of that device, results as torch tensors. No CuPy array is made. Tensors that require
+  grad are read as detached, as on the checked path.
+
+An operator takes part by giving ``foreign_arrays`` a ``FastCalls(spec)``.
+``spec(sig, *args, **kwargs)`` takes the operator's own parameters and returns ``(key,
+arrays)``, or None for a call the fast path does not take: the key holds ``sig(a)`` of each
+array argument (shape, strides, dtype; a torch tensor's also its device) and the options,
+each admitted by its exact type so that equal keys mean equal calls (``True`` never
+stands for ``1``); ``arrays`` are the inputs in the order the FastCall takes them. After a
+launch that read the caller's own arrays (nothing copied), the checked path calls
+``offer(make)``; the wrapper files ``make()`` under the call's key, and, for a torch call,
+under the torch tensors' key as well.
+"""
+import operator
+import threading
+
+import numpy as np
+
+from . import _launch
+
+# Set once the libraries are loaded (cupy_loaded, torch_loaded): until then no call can
+# have been remembered.
+CUPY_ARRAY = None  # cupy.ndarray
+TORCH_TENSORS = frozenset()  # the torch types whose layout a key may describe
+_get_device = None  # cupy.cuda.runtime.getDevice
+_cupy_alloc = None  # cupy.cuda.alloc
+_cupy_stream = None  # cupy.cuda.get_current_stream
+_torch_empty = None
+_torch_uint8 = None
+raw_stream = None  # torch's current stream of a device, as an address (torch_loaded)
+TORCH_DTYPES = {}  # NumPy dtype -> torch dtype, for the dtypes the operators return
+
+
+def cupy_loaded(cupy):
+    global CUPY_ARRAY, _get_device, _cupy_alloc, _cupy_stream
+    _get_device, _cupy_alloc, _cupy_stream = cupy.cuda.runtime.getDevice, cupy.cuda.alloc, cupy.cuda.get_current_stream
+    CUPY_ARRAY = cupy.ndarray
+
+
+def torch_loaded(torch):
+    """Bind what the torch side of a FastCall uses (once a torch tensor has been seen)."""
+    global TORCH_TENSORS, _torch_empty, _torch_uint8, raw_stream
+    if _torch_empty is not None:
+        return
+    from . import _dtypes
+
+    TORCH_DTYPES.update({np.dtype(n): getattr(torch, n) for n in
+                         ("float32", "float16", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")})
+    TORCH_DTYPES[_dtypes.to_dtype("bfloat16")] = torch.bfloat16
+    # (torch's public current_stream builds a Stream object through several Python calls:
+    # ~10 us a call on the H100 hosts; the raw query is one C call)
+    query = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    raw_stream = query if query is not None else (lambda i: torch.cuda.current_stream(i).cuda_stream)
+    _torch_empty, _torch_uint8 = torch.empty, torch.uint8
+    TORCH_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
+
+
+class Unfit(Exception):
+    """An argument a key cannot describe (a NumPy array, a list, another library's array):
+    the call takes the checked path."""
+
+
+def cupy_sig(a):
+    """What a key holds of a CuPy array argument (None for an absent one)."""
+    if type(a) is CUPY_ARRAY:
+        return a.shape, a.strides, a.dtype
+    if a is None:
+        return None
+    raise Unfit
+
+
+def torch_sig(a):
+    """What a key holds of a torch tensor argument: its strides count elements, and its
+    device is named (a FastCall launches on the device it was built for)."""
+    if type(a) in TORCH_TENSORS:
+        return a.shape, a.stride(), a.dtype, a.get_device()
+    if a is None:
+        return None
+    raise Unfit
+
+
+class Work:
+    """Stands for piece ``index`` of a launch list's workspace in a kernel's arguments."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index):
+        self.index = index
+
+
+WORK_ALIGN = 256  # workspace pieces start on allocator-like boundaries
+
+
+def _offsets(sizes):
+    """(each piece's byte offset, the bytes of them all)."""
+    out, at, end = [], 0, 0
+    for n in sizes:
+        out.append(at)
+        end = at + n
+        at = -(-end // WORK_ALIGN) * WORK_ALIGN
+    return out, max(end, 1)
+
+
+def launch_checked(launches, work=()):
+    """The checked path's launch of ``launches`` (``(fn, grid, block, smem, args)`` each,
+    ``Work`` pieces of sizes ``work`` in bytes drawn from CuPy's current allocator) through
+    CuPy, on its current stream."""
+    if work:
+        offsets, total = _offsets(work)
+        buf = _cupy_alloc(total)  # (held until every launch is queued)
+        at = [np.uint64(buf.ptr + off) for off in offsets]
+    for fn, grid, block, smem, args in launches:
+        if work:
+            args = tuple(at[a.index] if type(a) is Work else a for a in args)
+        # CuPy's shared_mem= keyword alone costs 0.5-1.9 us a call (NOTES item 38)
+        if smem:
+            fn(grid, block, args, shared_mem=smem)
+        else:
+            fn(grid, block, args)
+
+
+def build(variants, inputs, outputs, work=()):
+    """The FastCall replaying a checked call, or None where it cannot.
+
+    ``variants``: (the launches for inputs of which one starts off a 16-byte boundary, or
+    None where those need the checked path; the launches for aligned inputs), each a list
+    of ``(fn, grid, block, smem, args)`` as the checked call launched them. Their array
+    arguments must be among ``inputs`` (the call's input arrays in the order a later call
+    passes them, None for an absent one) and ``outputs`` (its results, made anew each call
+    with their shapes and dtypes, C-contiguous), or ``Work`` pieces of sizes ``work``."""
+    slot = {}
+    for i, a in enumerate((*inputs, *outputs)):
+        if a is not None:
+            if id(a) in slot:  # one array in two roles (k is v): a later call may differ
+                return None
+            slot[id(a)] = i
+    first_work = len(inputs) + len(outputs)
+    packed = []
+    for launches in variants:
+        if launches is None:
+            packed.append(None)
+            continue
+        pack = []
+        for fn, grid, block, smem, args in launches:
+            template, slots = [], []
+            for a in args:
+                if isinstance(a, np.generic):  # a scalar (a null pointer among them)
+                    template.append(a)
+                    continue
+                if type(a) is Work:
+                    slots.append(first_work + a.index)
+                elif id(a) in slot:
+                    slots.append(slot[id(a)])
+                else:  # an array of the call's own (a copy, a ticket counter), a struct
+                    return None
+                template.append(_launch.ADDRESS)
+            pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda addrs, i=slots[0]: (addrs[i],))
+            pack.append((_launch.DirectLaunch(fn, grid, block, smem, template), pick))
+        packed.append(tuple(pack))
+    return FastCall(packed, len(inputs), [(tuple(o.shape), o.dtype) for o in outputs], work, _get_device())
+
+
+def build_from_launcher(launches, inputs, outputs):
+    """``build`` for a launcher's ``fast_launches`` answer ``launches``: (the launch list,
+    the workspace bytes), whose kernels check the operands' alignment themselves (one list
+    for aligned and unaligned inputs), or None (nothing to replay)."""
+    if launches is None:
+        return None
+    lists, work = launches
+    return build((lists, lists), inputs, outputs, work)
+
+
+class FastCall:
+    """A checked call's launches, replayed on other arrays of the same layout (``build``)."""
+
+    def __init__(self, variants, inputs, outputs, work, device):
+        self._variants = tuple(variants)  # [inputs off 16 bytes, aligned] -> ((launch, pick), ...)
+        self._inputs = inputs
+        self._outputs = outputs  # (shape, NumPy dtype) of each result
+        self._single = len(outputs) == 1
+        self._work, self._work_bytes = _offsets(work) if work else ((), 0)
+        self.device = device
+        self._torch_outputs = None
+
+    def cupy(self, arrays):
+        """Run on CuPy arrays; the results as CuPy arrays (None: the checked path's turn)."""
+        addrs, bits = [], 0
+        for a in arrays:
+            if a is None:
+                addrs.append(0)
+            else:
+                p = a.data.ptr
+                addrs.append(p)
+                bits |= p
+        launches = self._variants[not bits & 15]
+        if launches is None:
+            return None
+        new = CUPY_ARRAY
+        outs = [new(shape, dtype) for shape, dtype in self._outputs]  # (ndarray: cp.empty less a call)
+        for o in outs:
+            addrs.append(o.data.ptr)
+        if self._work_bytes:
+            buf = _cupy_alloc(self._work_bytes)  # (held until the launches are queued)
+            base = buf.ptr
+            addrs += [base + off for off in self._work]
+        stream = _cupy_stream().ptr
+        for launch, pick in launches:
+            launch(stream, *pick(addrs))
+        return outs[0] if self._single else tuple(outs)
+
+    def torch(self, tensors):
+        """Run on CUDA torch tensors (on this FastCall's device, which the key names); the
+        results as torch tensors (None: the checked path's turn)."""
+        dev = self.device
+        if _get_device() != dev:  # the kernels belong to the current device's context
+            return None
+        outputs = self._torch_outputs
+        if outputs is None:
+            outputs = self._torch_outputs = [(shape, TORCH_DTYPES[dtype]) for shape, dtype in self._outputs]
+        addrs, bits = [], 0
+        for t in tensors:
+            if t is None:
+                addrs.append(0)
+            else:
+                p = t.data_ptr()
+                addrs.append(p)
+                bits |= p
+        launches = self._variants[not bits & 15]
+        if launches is None:
+            return None
+        empty = _torch_empty
+        outs = [empty(shape, dtype=dtype, device=dev) for shape, dtype in outputs]
+        for o in outs:
+            addrs.append(o.data_ptr())
+        if self._work_bytes:
+            buf = empty(self._work_bytes, dtype=_torch_uint8, device=dev)  # (held until queued)
+            base = buf.data_ptr()
+            addrs += [base + off for off in self._work]
+        stream = raw_stream(dev)
+        for launch, pick in launches:
+            launch(stream, *pick(addrs))
+        return outs[0] if self._single else tuple(outs)
+
+
+class FastCalls:
+    """One operator's remembered calls (see the module docstring): ``spec`` names a call's
+    signature; ``cupy`` maps (key, device) and ``torch`` maps key to FastCalls."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.cupy = {}
+        self.torch = {}
+        self._offered = threading.local()  # what the checked path offered, per thread
+
+    def offer(self, make):
+        """From the checked path, after a launch that read the caller's own arrays:
+        ``make()`` builds this call's FastCall (or None), once a signature."""
+        self._offered.make = make
+
+    def run_cupy(self, args, kwargs):
+        """The remembered call's result on CuPy arrays, or None (not remembered)."""
+        if not self.cupy:
+            return None
+        try:
+            found = self.spec(cupy_sig, *args, **kwargs)
+            fast = None if found is None else self.cupy.get((found[0], _get_device()))
+        except Exception:  # noqa: BLE001 - Unfit, an unhashable option, a bad call: the checked path says
+            return None
+        return None if fast is None else fast.cupy(found[1])
+
+    def run_torch(self, args, kwargs):
+        """The remembered call's result on CUDA torch tensors, or None."""
+        if not self.torch:
+            return None
+        try:
+            found = self.spec(torch_sig, *args, **kwargs)
+            fast = None if found is None else self.torch.get(found[0])
+        except Exception:  # noqa: BLE001 - as run_cupy (and a sparse tensor has no strides)
+            return None
+        return None if fast is None else fast.torch(found[1])
+
+    def checked(self, fn, args, kwargs, torch_args=None):
+        """Run the checked path ``fn`` on ``args`` / ``kwargs`` (CuPy, NumPy or plain values)
+        and file what it offers under their key; ``torch_args``: (args, kwargs) of the torch
+        call they are the CuPy views of, whose key gets the same FastCall."""
+        offered = self._offered
+        offered.make = None
+        result = fn(*args, **kwargs)
+        make, offered.make = offered.make, None
+        if make is not None:
+            self._file(make, args, kwargs, torch_args)
+        return result
+
+    def _key(self, sig, args, kwargs):
+        try:
+            found = self.spec(sig, *args, **kwargs)
+            if found is not None:
+                hash(found[0])
+                return found[0]
+        except Exception:  # noqa: BLE001 - not a call the fast path can describe
+            pass
+        return None
+
+    def _file(self, make, args, kwargs, torch_args):
+        key = self._key(cupy_sig, args, kwargs)
+        if key is None:
+            return
+        key = (key, _get_device())
+        fast = self.cupy.get(key)
+        if fast is None:
+            fast = make()
+            if fast is None:
+                return
+            if len(self.cupy) > _launch.MEMO_LIMIT:  # a program of many distinct shapes
+                self.cupy.clear()
+            self.cupy[key] = fast
+        if torch_args is not None and all(dtype in TORCH_DTYPES for _, dtype in fast._outputs):
+            tkey = self._key(torch_sig, *torch_args)
+            if tkey is not None:
+                if len(self.torch) > _launch.MEMO_LIMIT:
+                    self.torch.clear()
+                self.torch[tkey] = fast

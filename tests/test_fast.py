@@ -1,0 +1,246 @@
+"""CPU tier: the memoized fast calls (cupyops/_fast.py) with stand-ins for CuPy, torch and
+the driver: what a FastCall launches (addresses in kernel order, fixed scalars, the
+16-byte variant only for aligned inputs, null pointers for absent ones, outputs made per
+call, workspace carved per call), what build() refuses, and which calls a FastCalls finds
+(the exact layout, dtype and options of a checked call; nothing else)."""
+import ctypes
+import types
+
+import numpy as np
+import pytest
+
+from cupyops import _fast, _launch
+from cupyops.ops import _rows
+
+
+class FakeFunction:
+    ptr = 0xF00D
+
+
+class FakeArray:
+    """A CuPy array stand-in: shape, strides, dtype, data.ptr; new ones from a bump allocator."""
+
+    next_ptr = 0x10000
+
+    def __init__(self, shape, dtype, ptr=None, strides=None):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        step, st = self.dtype.itemsize, []
+        for n in reversed(self.shape):
+            st.insert(0, step)
+            step *= max(n, 1)
+        self.strides = strides or tuple(st)
+        if ptr is None:
+            ptr, FakeArray.next_ptr = FakeArray.next_ptr, FakeArray.next_ptr + 0x1000
+        self.data = types.SimpleNamespace(ptr=ptr)
+        self.itemsize = self.dtype.itemsize
+
+
+class FakeTensor:
+    """A torch tensor stand-in: element strides, a device index, data_ptr()."""
+
+    def __init__(self, shape, dtype, ptr, device=0, strides=None):
+        self.shape, self.dtype, self._ptr, self._device = tuple(shape), dtype, ptr, device
+        self._strides = strides or self._c(shape)
+
+    @staticmethod
+    def _c(shape):
+        out, step = [], 1
+        for n in reversed(shape):
+            out.insert(0, step)
+            step *= max(n, 1)
+        return tuple(out)
+
+    def stride(self):
+        return self._strides
+
+    def get_device(self):
+        return self._device
+
+    def data_ptr(self):
+        return self._ptr
+
+
+_C = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint64": ctypes.c_uint64, "float32": ctypes.c_float}
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """The driver (recording each launch's geometry, stream and arguments, read back by
+    their C types), CuPy's allocator and stream, and torch's, as stand-ins."""
+    launched, allocated, templates = [], [], {}
+
+    def driver_launch(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        values = [ctypes.cast(slots[i], ctypes.POINTER(ctypes.c_uint64 if a is _launch.ADDRESS else _C[a.dtype.name]))
+                  .contents.value for i, a in enumerate(templates[params])]
+        launched.append(((gx, bx, smem, stream), values))
+
+    real = _launch.DirectLaunch
+
+    def direct(fn, grid, block, smem, args):
+        launch = real(fn, grid, block, smem, args, driver_launch=driver_launch)
+        templates[launch._params_ptr] = list(args)
+        return launch
+
+    monkeypatch.setattr(_launch, "DirectLaunch", direct)
+
+    def cupy_alloc(n):
+        allocated.append(n)
+        return types.SimpleNamespace(ptr=0x900000)
+
+    monkeypatch.setattr(_fast, "CUPY_ARRAY", FakeArray)
+    monkeypatch.setattr(_fast, "_cupy_alloc", cupy_alloc)
+    monkeypatch.setattr(_fast, "_cupy_stream", lambda: types.SimpleNamespace(ptr=0x5EA))
+    monkeypatch.setattr(_fast, "_get_device", lambda: 0)
+    made = []
+
+    def torch_empty(shape, dtype=None, device=None):
+        made.append((shape, dtype, device))
+        return FakeTensor(shape if isinstance(shape, tuple) else (shape,), dtype, 0xA00000 + 0x1000 * len(made))
+
+    monkeypatch.setattr(_fast, "TORCH_TENSORS", frozenset({FakeTensor}))
+    monkeypatch.setattr(_fast, "TORCH_DTYPES", {np.dtype(np.float32): "torch.float32"})
+    monkeypatch.setattr(_fast, "_torch_empty", torch_empty)
+    monkeypatch.setattr(_fast, "_torch_uint8", "torch.uint8")
+    monkeypatch.setattr(_fast, "raw_stream", lambda device: 0x7000 + device)
+    return types.SimpleNamespace(launched=launched, allocated=allocated, made=made)
+
+
+def test_row_fast_call_launches_in_kernel_order(fake):
+    # rms_norm's arguments: x, weight, out, rows, n, eps, then the plan's tail and the
+    # aligned flag; the 16-byte variant only when every input is 16-byte aligned
+    plan = _rows.RowPlan(FakeFunction(), "rms_norm_fused<float, 1>", 256, rows_per_block=8, tail=(32,))
+    x, w = FakeArray((4, 6, 128), np.float32, ptr=0x1000), FakeArray((128,), np.float32, ptr=0x2000)
+    y = FakeArray((4, 6, 128), np.float32)
+    args = (x, w, y, *_rows.shape_args(24, 128), np.float32(0.5))
+    fc = _fast.build(plan.fast_variants(24, 128, 4, args), (x, w), (y,))
+    out = fc.cupy((x, w))
+    assert isinstance(out, FakeArray) and out is not y and out.shape == (4, 6, 128)
+    assert fake.launched == [((3, 256, 0, 0x5EA), [0x1000, 0x2000, out.data.ptr, 24, 128, 0.5, 32, 1])]
+    fc.cupy((x, None))  # no weight: a null pointer, still aligned
+    assert fake.launched[-1][1][1] == 0 and fake.launched[-1][1][-1] == 1
+    fc.cupy((FakeArray((4, 6, 128), np.float32, ptr=0x1004), w))  # a row start off 16 bytes
+    assert fake.launched[-1][1][-1] == 0
+    # a row length the 16-byte path cannot take keeps the scalar path for aligned inputs too
+    fc2 = _fast.build(plan.fast_variants(1, 127, 4, args), (x, w), (y,))
+    fc2.cupy((x, w))
+    assert fake.launched[-1][1][-1] == 0
+
+
+def test_work_pieces_are_carved_from_one_allocation_a_call(fake):
+    q = FakeArray((2, 64), np.float32, ptr=0x1000)
+    y = FakeArray((2, 64), np.float32)
+    launches = [(FakeFunction(), (5,), (128,), 4096, (q, y, _fast.Work(0), _fast.Work(1), np.int32(3))),
+                (FakeFunction(), (6,), (128,), 0, (_fast.Work(0), _fast.Work(1), y))]
+    fc = _fast.build((None, launches), (q,), (y,), work=(1000, 24))
+    out = fc.cupy((q,))
+    assert fake.allocated == [1024 + 24]  # pieces on 256-byte boundaries
+    assert fake.launched[0] == ((5, 128, 4096, 0x5EA), [0x1000, out.data.ptr, 0x900000, 0x900000 + 1024, 3])
+    assert fake.launched[1] == ((6, 128, 0, 0x5EA), [0x900000, 0x900000 + 1024, out.data.ptr])
+    # no launch list for inputs off 16 bytes: the checked path's turn, nothing allocated
+    assert fc.cupy((FakeArray((2, 64), np.float32, ptr=0x1008),)) is None
+    assert len(fake.launched) == 2 and fake.allocated == [1048]
+
+
+def test_build_refuses_what_it_cannot_replay(fake):
+    x, y = FakeArray((8,), np.float32), FakeArray((8,), np.float32)
+    copy = FakeArray((8,), np.float32)
+    one = [(FakeFunction(), (1,), (32,), 0, (copy, y))]  # reads an array not among the inputs
+    assert _fast.build((one, one), (x,), (y,)) is None
+    both = [(FakeFunction(), (1,), (32,), 0, (x, x, y))]  # k is v: a later call may differ
+    assert _fast.build((both, both), (x, x), (y,)) is None
+    struct = [(FakeFunction(), (1,), (32,), 0, (x, y, bytes(128)))]  # a tensor map (addresses inside)
+    assert _fast.build((struct, struct), (x,), (y,)) is None
+
+
+def _spec(sig, x, w=None, *, scale=1.0, flag=False, out=None):
+    if out is not None or type(scale) is not float or type(flag) is not bool:
+        return None
+    return (sig(x), sig(w), scale, flag), (x, w)
+
+
+def _checked_op(seen):
+    """An operator's checked path: launches one kernel on (x, w) into a new output and
+    offers the call; counts its runs in ``seen``."""
+    fast = _fast.FastCalls(_spec)
+
+    def op(x, w=None, *, scale=1.0, flag=False, out=None):
+        seen.append(1)
+        y = FakeArray(x.shape, x.dtype)
+        launches = [(FakeFunction(), (1,), (32,), 0, (x, _fast.Work(0) if w is None else w, y, np.float32(scale)))]
+        fast.offer(lambda: _fast.build((launches, launches), (x, w), (y,), work=(64,)))
+        return y
+
+    return fast, op
+
+
+def test_fast_calls_find_only_the_checked_signature(fake):
+    seen = []
+    fast, op = _checked_op(seen)
+    x, w = FakeArray((4, 32), np.float32), FakeArray((32,), np.float32)
+    assert fast.run_cupy((x, w), {}) is None  # nothing remembered yet
+    fast.checked(op, (x, w), {"scale": 2.0})
+    assert len(seen) == 1 and len(fast.cupy) == 1 and not fast.torch
+    y = fast.run_cupy((x, w), {"scale": 2.0})
+    assert isinstance(y, FakeArray) and len(seen) == 1  # no checked run
+    assert fake.launched[-1][1][:3] == [x.data.ptr, w.data.ptr, y.data.ptr]
+    other = FakeArray((4, 32), np.float32)  # same layout, other memory: found
+    assert fast.run_cupy((other, w), {"scale": 2.0}) is not None
+    misses = [
+        ((x, w), {"scale": 3.0}),  # another option value
+        ((x, w), {"scale": 2}),  # an int where a float was checked
+        ((x, w), {"scale": 2.0, "flag": 0}),  # 0 is not False
+        ((x, None), {"scale": 2.0}),  # an absent weight
+        ((FakeArray((4, 32), np.float32, strides=(256, 4)), w), {"scale": 2.0}),  # other strides
+        ((FakeArray((4, 32), np.float64), w), {"scale": 2.0}),  # another dtype
+        ((FakeArray((4, 31), np.float32), w), {"scale": 2.0}),  # another shape
+        ((x, np.zeros(32, np.float32)), {"scale": 2.0}),  # a NumPy weight: the checked path says
+        ((x, w), {"scale": 2.0, "out": x}),  # out=
+        ((x, w), {"scale": 2.0, "bogus": 1}),  # a bad call: the checked path raises
+        ((x, [1.0]), {"scale": 2.0}),  # a list
+        ((x, w), {"scale": 2.0, "flag": [True]}),  # unhashable
+    ]
+    for args, kwargs in misses:
+        assert fast.run_cupy(args, kwargs) is None, (args, kwargs)
+    assert len(seen) == 1
+
+
+def test_a_torch_call_files_both_keys(fake):
+    seen = []
+    fast, op = _checked_op(seen)
+    t = FakeTensor((4, 32), np.dtype(np.float32), ptr=0xB000)
+    view = FakeArray((4, 32), np.float32, ptr=0xB000)  # the CuPy view the checked path reads
+    fast.checked(op, (view,), {}, torch_args=((t,), {}))
+    assert len(fast.cupy) == 1 and len(fast.torch) == 1
+    y = fast.run_torch((FakeTensor((4, 32), np.dtype(np.float32), ptr=0xC000),), {})
+    assert isinstance(y, FakeTensor) and len(seen) == 1
+    # the output and the workspace from torch's allocator on the call's device, the launch
+    # on torch's current stream of it
+    assert fake.made == [((4, 32), "torch.float32", 0), (64, "torch.uint8", 0)]
+    (head, slots) = fake.launched[-1]
+    # (x, the workspace in place of the absent weight, the output)
+    assert head[3] == 0x7000 and slots[:3] == [0xC000, 0xA00000 + 0x2000, 0xA00000 + 0x1000]
+    # another device, other strides: the checked path's turn
+    assert fast.run_torch((FakeTensor((4, 32), np.dtype(np.float32), ptr=0xC000, device=1),), {}) is None
+    assert fast.run_torch((FakeTensor((4, 32), np.dtype(np.float32), ptr=0xC000, strides=(1, 4)),), {}) is None
+    # a CuPy call of the same layout finds the same FastCall
+    assert fast.run_cupy((FakeArray((4, 32), np.float32),), {}) is not None
+    assert len(seen) == 1
+
+
+def test_a_torch_call_on_another_current_device_takes_the_checked_path(fake, monkeypatch):
+    fast, op = _checked_op([])
+    t = FakeTensor((4, 32), np.dtype(np.float32), ptr=0xB000)
+    fast.checked(op, (FakeArray((4, 32), np.float32, ptr=0xB000),), {}, torch_args=((t,), {}))
+    monkeypatch.setattr(_fast, "_get_device", lambda: 1)  # the kernels live in device 0's context
+    assert fast.run_torch((t,), {}) is None
+
+
+def test_an_offer_is_filed_only_for_its_own_call(fake):
+    # a checked call that offers nothing (a copy was made, a NumPy input) files nothing,
+    # and a later call does not pick up an earlier call's offer
+    fast = _fast.FastCalls(_spec)
+    x = FakeArray((4, 32), np.float32)
+    fast.offer(lambda: pytest.fail("a stale offer was built"))
+    fast.checked(lambda *a, **k: FakeArray((4, 32), np.float32), (x,), {})
+    assert not fast.cupy
