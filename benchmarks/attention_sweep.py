@@ -51,6 +51,8 @@ def main():
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--rungs", default="flash", help="flash, flash3 (sm_90)")
+    ap.add_argument("--l2-shares", default="", help="flash3: head groups whose K and V fill these shares of L2 "
+                    "(0: one head a group), each timed; default: the launcher's")
     args = ap.parse_args()
     launchers = {"flash": _attention_flash, "flash3": _attention_flash3}
     rungs = args.rungs.split(",")
@@ -96,16 +98,20 @@ def main():
                       f"{fl / ms / 1e9:6.1f} TFLOP/s", flush=True)
             for impl in rungs:
                 mod = launchers[impl]
-                for cfg in mod.CONFIGS.get(D, ()):
+                shares = [float(x) for x in args.l2_shares.split(",") if x] if impl == "flash3" else []
+                for cfg, share in [(c, sh) for c in mod.CONFIGS.get(D, ()) for sh in (shares or [None])]:
+                    kw = {} if share is None else {"l2_share": share}
                     o.fill(np.nan)
-                    mod.launch(impl, p, cfg)
+                    mod.launch(impl, p, cfg, **kw)
                     got = o[0][rows][:, heads].get().astype(np.float64)
                     err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
                     if not err <= 2e-2:
                         print(f"  WRONG {impl} {dt} {shape} causal={causal} {cfg}: rel error {err:.3g}", flush=True)
                         continue
-                    ms = time_gpu(lambda: mod.launch(impl, p, cfg), repeats=args.repeats, warmup=2,
+                    ms = time_gpu(lambda: mod.launch(impl, p, cfg, **kw), repeats=args.repeats, warmup=2,
                                   flush=flush).median_ms
+                    if share is not None:
+                        cfg = f"{cfg}/L2x{share:g}"
                     ratios = {k2: b / ms for k2, b in base.items()}
                     results.append({"impl": impl, "dtype": dt, "shape": [B, Hq, Hkv, S, D], "causal": causal,
                                     "config": cfg, "ms": ms, "tflops": fl / ms / 1e9, "err": err, "vs": ratios})

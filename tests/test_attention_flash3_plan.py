@@ -41,9 +41,15 @@ def test_plans(D):
         assert pl.grid == (48,) and pl.block == (384,) and pl.cluster == 1
         assert W.plan(p, cfg, sm_count=20).grid == ((20,) if persistent else (48,))
         assert pl.smem == 128 * D * 2 + stages * 2 * bc * D * 2 + 1024 + 32 * stages + 16 <= SMEM_OPTIN
-    # the default is the full schedule on a persistent grid
+    # the defaults: the full schedule, on a persistent grid without a mask, one block a
+    # work tile under a causal one (the stub problem is causal)
     assert W.CONFIGS[D][next(iter(W.CONFIGS[D]))][2:] == (W.PINGPONG, True)
-    assert W.plan(p).name == W.plan(p, next(iter(W.CONFIGS[D]))).name
+    assert W.CONFIGS[D][W.CAUSAL_CONFIG[D]][2:] == (W.PINGPONG, False)
+    assert W.default_config(p) == W.CAUSAL_CONFIG[D]
+    assert W.plan(p).name == W.plan(p, W.CAUSAL_CONFIG[D]).name
+    p.causal = False
+    assert W.default_config(p) == next(iter(W.CONFIGS[D]))
+    assert W.plan(p, sm_count=20).grid == (20,)
     with pytest.raises(ValueError, match="config"):
         W.plan(p, "c64s9")
     assert W.KERNELS.arch == "sm_90a" and W.KERNELS.runs_on(90) and not W.KERNELS.runs_on(80)
@@ -59,6 +65,11 @@ def test_head_groups_keep_k_and_v_in_l2():
     assert W.head_group(_problem(D=64, Sq=1024, Skv=1024, Hq=8, Hkv=8, B=2), l2) == 16
     assert W.head_group(_problem(D=256, Sq=64, Skv=65536, Hq=4, Hkv=1, B=1), l2) == 4
     assert W.head_group(_problem(D=256, Sq=64, Skv=65536, Hq=4, Hkv=4, B=1), l2) == 1
+    # without a mask (and with share 0) a group is one KV head's query heads
+    p = _problem(D=128, Sq=8192, Skv=8192, Hq=32, Hkv=8, B=1)
+    p.causal = False
+    assert W.head_group(p, l2) == 4
+    assert W.head_group(_problem(D=128, Sq=8192, Skv=8192, Hq=32, Hkv=8, B=1), l2, share=0) == 4
 
 
 def test_tensor_maps_describe_both_layouts():

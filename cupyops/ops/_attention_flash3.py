@@ -7,7 +7,7 @@ batch element) handed round robin to the blocks, one block an SM (a persistent g
 a tile; K and V tiles of BC keys through STAGES-deep rings; the consumers' schedule SCHED
 (0 serial, 1 FlashAttention-3's intra-warpgroup overlap of softmax and GEMMs, 2 that and
 pingpong between the two consumer warpgroups). ``config`` (see ``CONFIGS``) forces one;
-``None`` takes the head_dim's first.
+``None`` takes ``default_config``'s.
 
 Q, K and V are read through 4-D tensor maps (head_dim, rows, heads, batch) of their own
 strides, so any layout whose head_dim axis is contiguous runs without a copy, as long as
@@ -51,9 +51,17 @@ CONFIGS = {
           "c64s2o": (64, 2, OVERLAP, False)},
 }
 MAX_WORK_TILES = 2**31 - 1  # the kernel counts work tiles in an int (and a grid's x extent)
+# The default under a causal mask (the first of CONFIGS otherwise): one block a work tile.
+# Measured on an H100 (bf16, benchmarks/attention_sweep.py, NOTES): causal work tiles differ
+# in length up to the sequence's tiles, and the persistent grid's fixed round robin left
+# SMs idle at the end (0.87-0.90x cuDNN against 0.96-1.05x with the hardware handing out
+# blocks as SMs free up); without a mask the persistent grid was 0.5-1 % faster.
+CAUSAL_CONFIG = {64: "c128s2p", 128: "c128s2p", 256: "c64s2p"}
 # A head group's K and V (what its work tiles read again and again) are kept to this share
-# of the L2 cache.
-L2_SHARE = 0.5
+# of the L2 cache (head_group), by default: 0 (a group is one KV head's query heads) without
+# a mask, where the order did not matter within 1 %; half of L2 under a causal mask, where it
+# was 8 % faster at head_dim 256 and 1-2 % slower at 64 and 128 (GQA) than one KV head.
+L2_SHARE = {False: 0.0, True: 0.5}
 HEAD_DIMS = tuple(CONFIGS)
 
 
@@ -108,7 +116,7 @@ def supports(impl, p, config=None):
         reason = "q: flash3 needs 16-byte aligned rows in q, k, v and out (pointers and strides)"
     if reason is None and work_tiles(p) > MAX_WORK_TILES:
         reason = f"q: flash3 supports at most {MAX_WORK_TILES} tiles of {BR} query rows (q_len x heads x batch)"
-    if reason is None and None in _specs(p, config or next(iter(CONFIGS[p.D]))):
+    if reason is None and None in _specs(p, config or default_config(p)):
         reason = "q: flash3 needs q, k and v describable by tensor maps (strides multiples of 16 bytes)"
     return reason
 
@@ -122,19 +130,28 @@ def work_tiles(p):
     return _launch.cdiv(p.Sq, BR) * p.Hq * p.B
 
 
-def head_group(p, l2_bytes):
+def head_group(p, l2_bytes, share=None):
     """Query heads a group (the kernel's WorkTiles): as many as share the KV heads whose K
-    and V fit in L2_SHARE of ``l2_bytes`` (at least one KV head's)."""
+    and V fit in ``share`` (default: L2_SHARE's for the mask) of ``l2_bytes`` (at least one
+    KV head's)."""
     kv_head_bytes = 2 * p.Skv * p.D * 2
-    kv_heads = max(1, int(l2_bytes * L2_SHARE) // max(kv_head_bytes, 1))
+    share = L2_SHARE[bool(p.causal)] if share is None else share
+    kv_heads = max(1, int(l2_bytes * share) // max(kv_head_bytes, 1))
     return max(1, min(p.Hq * p.B, kv_heads * (p.Hq // p.Hkv)))
+
+
+def default_config(p):
+    """The configuration ``config=None`` takes: CAUSAL_CONFIG under a causal mask, else the
+    head_dim's first (a persistent grid)."""
+    return CAUSAL_CONFIG[p.D] if p.causal else next(iter(CONFIGS[p.D]))
 
 
 def plan(p, config=None, sm_count=132):
     """The ``_launch.Launch`` for ``p`` on a GPU of ``sm_count`` SMs (a plain function of
     numbers: the CPU tier checks it): a 1-D grid of one block an SM (persistent) or one a
     work tile."""
-    cfg = tile_config(p, "flash3", CONFIGS, config, _shape_reason(p))
+    reason = _shape_reason(p)
+    cfg = tile_config(p, "flash3", CONFIGS, config or (None if reason else default_config(p)), reason)
     tiles = work_tiles(p)
     grid = (min(tiles, sm_count) if CONFIGS[p.D][cfg][3] else tiles,)
     return _launch.Launch(KERNELS, _name(p.dtype, p.D, cfg), grid, (THREADS,), smem_bytes(p.D, cfg),
@@ -145,8 +162,9 @@ def runs_here(props):
     return KERNELS.runs_on(props.cc) and _tma.available()
 
 
-def launch(impl, p, config=None):
-    """Run ``flash3`` on problem ``p`` on CuPy's current stream."""
+def launch(impl, p, config=None, l2_share=None):
+    """Run ``flash3`` on problem ``p`` on CuPy's current stream (``l2_share``: head_group's
+    share, for sweeps)."""
     if p.B == 0 or p.Hq == 0 or p.Sq == 0:
         return
     props = _launch.device_props()
@@ -156,7 +174,7 @@ def launch(impl, p, config=None):
     reason = supports(impl, p, config)
     if reason:
         raise ValueError(reason)
-    cfg = config or next(iter(CONFIGS[p.D]))
+    cfg = config or default_config(p)
     maps = []
     for arr, name, (dims, strides, box) in zip((p.Q, p.K, p.V), "qkv", _specs(p, cfg)):
         m = _tma.encode_tiled(arr.data.ptr, dims, strides, box)
@@ -164,5 +182,5 @@ def launch(impl, p, config=None):
             raise RuntimeError(f"attention: the driver refused the tensor map of {name} (dims {dims}, byte strides "
                                f"{strides}, box {box})")
         maps.append(m)
-    group = np.int32(head_group(p, props.l2_bytes))
+    group = np.int32(head_group(p, props.l2_bytes, l2_share))
     plan(p, cfg, props.sm_count)(p.args() + tuple(maps) + (group,))
