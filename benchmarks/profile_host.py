@@ -1,6 +1,7 @@
 """Where the host time of a decode-sized call goes: cProfile of cupyops calls on CuPy arrays
 and on torch tensors (the benchmark's decode operands, cupyops.bench.host), printing each
-call's top functions by own time.
+call's top functions by own time, and the time per call of the same calls replayed from
+a CUDA graph.
     python benchmarks/profile_host.py [--calls N] [--ops rms_norm,matmul,...]
 """
 import argparse
@@ -41,6 +42,10 @@ def main():
             cupy.cuda.Device().synchronize()
             st = pstats.Stats(pr)
             st.sort_stats("tottime").print_stats(args.top)
+        graph = {who: host.graph_replay_us(fn, torch=t) for who, fn, t in
+                 (("cupyops", lambda: ours(arrays), None), ("torch", lambda: theirs(tensors), torch))}
+        print(f"=== {op} {label} graph replay: " + ", ".join(f"{k} {v:.1f} us" for k, v in graph.items())
+              + " per call")
 
 
 if __name__ == "__main__":

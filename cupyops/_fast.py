@@ -69,8 +69,8 @@ def torch_loaded(torch):
     TORCH_DTYPES.update({np.dtype(n): getattr(torch, n) for n in
                          ("float32", "float16", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")})
     TORCH_DTYPES[_dtypes.to_dtype("bfloat16")] = torch.bfloat16
-    # (torch's public current_stream builds a Stream object through several Python calls:
-    # ~10 us a call on the H100 hosts; the raw query is one C call)
+    # (torch.cuda.current_stream builds a Stream object through several Python-level
+    # device queries; the raw query is one C call)
     query = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     raw_stream = query if query is not None else (lambda i: torch.cuda.current_stream(i).cuda_stream)
     _torch_empty, _torch_uint8 = torch.empty, torch.uint8

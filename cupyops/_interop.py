@@ -204,8 +204,9 @@ def _torch_exportable(t):
 def _torch_as_cupy(t, cp):
     """The CuPy view of CUDA tensor ``t`` (the same memory, its strides), from its address,
     shape, strides and dtype: torch's ``__dlpack__`` builds stream objects and queries the
-    device several times (~40 us a tensor on the H100 hosts). A dtype the package has no
-    NumPy form of, an empty or a non-strided tensor goes through DLPack."""
+    device several times (most of a torch-in call's host time in
+    benchmarks/results/h100-host-profile.txt). A dtype with no NumPy form here, an empty
+    or a non-strided tensor goes through DLPack."""
     t = _torch_exportable(t)
     dtype = _NUMPY_OF_TORCH.get(t.dtype)
     if dtype is None or not t.numel() or t.layout is not _torch_module().strided:
@@ -245,7 +246,6 @@ def _torch_module():
 
         _fast.torch_loaded(torch)
         _NUMPY_OF_TORCH.update({v: k for k, v in _fast.TORCH_DTYPES.items()})
-        _NUMPY_OF_TORCH[torch.float8_e4m3fn] = np.dtype(np.uint8)  # (only after _torch_exportable)
         _TORCH = torch
     return _TORCH
 

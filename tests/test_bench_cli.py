@@ -1400,3 +1400,11 @@ def test_header_reports_host_time_per_operator():
     assert "matmul 8x4096 @ (4096x4096).T: cupyops -, with torch tensors 20.0 us, torch -" in text
     assert set(host.OPS) == {"softmax", "rms_norm", "layer_norm", "sum", "matmul", "attention"}
     assert set(host.decode_ops(None)) == set(host.OPS) and all(t is None for _, _, t in host.decode_ops(None).values())
+
+
+def test_header_reports_graph_replay_time_per_operator():
+    m = dict(meta(), host_per_op_us={
+        "softmax": {"shape": "8x4096", "cupyops": 6.0, "cupyops_torch_in": 7.5, "torch": 9.0,
+                    "cupyops_graph": 2.25, "torch_graph": None}})
+    assert ("host time per call, softmax 8x4096: cupyops 6.0 us, with torch tensors 7.5 us, torch 9.0 us; "
+            "replayed from a CUDA graph: cupyops 2.2 us, torch -") in "\n".join(report.header_lines(m))

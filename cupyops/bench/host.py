@@ -1,14 +1,18 @@
 """Host time per call of every operator at decode size, the cost that decides a decode
 loop's speed when each operator's GPU work is a few microseconds: cupyops on CuPy arrays,
-cupyops on torch tensors (the same memory, through DLPack), and PyTorch's eager
-equivalent on the same host (F.rms_norm, F.layer_norm, torch.softmax, torch.sum,
-torch.matmul, scaled_dot_product_attention).
+cupyops on torch tensors (the same memory), and PyTorch's eager equivalent on the same
+host (F.rms_norm, F.layer_norm, torch.softmax, torch.sum, torch.matmul,
+scaled_dot_product_attention); and the time per call of the same calls replayed from a
+CUDA graph (cupyops captured by CuPy's stream capture, torch's by torch.cuda.graph), where
+no host work runs between them: what a decode loop captured once costs a call.
 
 The sizes are one decode step of a Llama-3-8B-like layer: 8 sequences of one token,
 hidden 4096, bfloat16; attention over a 2048-token KV cache with 32 query and 8 KV heads
-of 128. Each figure is timing.host_overhead_us: the median of 5 rounds of back-to-back
-calls, the final synchronisation outside the clock.
+of 128. Each eager figure is timing.host_overhead_us: the median of 5 rounds of
+back-to-back calls, the final synchronisation outside the clock; each graph figure is
+graph_replay_us.
 """
+GRAPH_CALLS, GRAPH_REPLAYS = 20, 50
 TOKENS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, CACHE = 8, 4096, 32, 8, 128, 2048
 OPS = ("softmax", "rms_norm", "layer_norm", "sum", "matmul", "attention")
 
@@ -49,10 +53,59 @@ def decode_ops(torch=None):
     return {op: (label, ours, theirs if torch is not None else None) for op, (label, ours, theirs) in ops.items()}
 
 
+def graph_replay_us(fn, calls=GRAPH_CALLS, replays=GRAPH_REPLAYS, torch=None):
+    """Microseconds per call of ``fn`` replayed from a CUDA graph: ``calls`` calls captured
+    on a side stream (by torch.cuda.graph when ``torch`` is given, else by CuPy's stream
+    capture) after two eager ones (compile, remember), the graph launched ``replays``
+    times back to back, timed by CUDA events around the replays."""
+    if torch is not None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / (calls * replays)
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()
+        fn()
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            for _ in range(calls):
+                fn()
+        finally:
+            graph = stream.end_capture()
+        graph.launch(stream)
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        for _ in range(replays):
+            graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) * 1e3 / (calls * replays)
+
+
 def per_op_us(calls, torch=None, log=print, ops=OPS):
-    """{op: {"shape": label, "cupyops": us, "cupyops_torch_in": us, "torch": us}} for the
-    operators ``ops`` (the benchmark's selection: a first call compiles its kernels); a
-    figure that could not be measured is None (its error logged), never a crashed run."""
+    """{op: {"shape": label, "cupyops": us, "cupyops_torch_in": us, "torch": us,
+    "cupyops_graph": us, "torch_graph": us}} for the operators ``ops`` (the benchmark's
+    selection: a first call compiles its kernels): eager host time per call, then the
+    graph-replay time per call; a figure that could not be measured is None (its error
+    logged), never a crashed run."""
     import cupy
 
     from .. import _dtypes
@@ -66,14 +119,17 @@ def per_op_us(calls, torch=None, log=print, ops=OPS):
     for op, (label, ours, theirs) in decode_ops(torch).items():
         if op not in ops:
             continue
-        fns = {"cupyops": lambda: ours(arrays)}
+        fns = {"cupyops": lambda: timing.host_overhead_us(lambda: ours(arrays), calls=calls)}
         if torch is not None:
-            fns["cupyops_torch_in"] = lambda: ours(tensors)
-            fns["torch"] = lambda: theirs(tensors)
+            fns["cupyops_torch_in"] = lambda: timing.host_overhead_us(lambda: ours(tensors), calls=calls)
+            fns["torch"] = lambda: timing.host_overhead_us(lambda: theirs(tensors), calls=calls)
+        fns["cupyops_graph"] = lambda: graph_replay_us(lambda: ours(arrays))
+        if torch is not None:
+            fns["torch_graph"] = lambda: graph_replay_us(lambda: theirs(tensors), torch=torch)
         row = {"shape": label}
-        for who, fn in fns.items():
+        for who, measure in fns.items():
             try:
-                row[who] = timing.host_overhead_us(fn, calls=calls)
+                row[who] = measure()
             except Exception as exc:  # noqa: BLE001 - one failing figure, not a failed run
                 row[who] = None
                 log(f"  host time {op} {who}: failed ({type(exc).__name__}: {exc})")
@@ -85,7 +141,7 @@ def per_op_us(calls, torch=None, log=print, ops=OPS):
 
 def summary_lines(per_op):
     """One line per operator for the report's header: cupyops (CuPy in, torch in) against
-    torch; "**over**" marks a cupyops figure above torch's."""
+    torch; "**over**" marks a cupyops figure above torch's; then the graph-replay times."""
     lines = []
     for op, row in per_op.items():
         t = row.get("torch")
@@ -97,5 +153,10 @@ def summary_lines(per_op):
                 continue
             parts.append(f"{label} {v:.1f} us" + (" **over**" if t is not None and v > t else ""))
         parts.append("torch -" if t is None else f"torch {t:.1f} us")
-        lines.append(f"host time per call, {op} {row.get('shape', '')}: " + ", ".join(parts))
+        line = f"host time per call, {op} {row.get('shape', '')}: " + ", ".join(parts)
+        if "cupyops_graph" in row or "torch_graph" in row:
+            line += "; replayed from a CUDA graph: " + ", ".join(
+                f"{label} {'-' if row.get(who) is None else f'{row[who]:.1f} us'}"
+                for who, label in (("cupyops_graph", "cupyops"), ("torch_graph", "torch")))
+        lines.append(line)
     return lines

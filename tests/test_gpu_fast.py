@@ -1,0 +1,290 @@
+"""GPU tier: the memoized fast paths (cupyops/_fast.py) of softmax, layer_norm, rms_norm,
+sum, max, matmul (split-K decode shapes) and decode attention, on CuPy arrays and on CUDA
+torch tensors. A repeated call gives the checked call's bits in a fresh output; a call of
+the same operator with another layout (strides, a misaligned start, dtype, shape) gives
+what the checked path gives; torch calls return torch tensors made by torch's allocator,
+on torch's current stream; CUDA graphs (CuPy's stream capture, torch.cuda.graph) capture
+the fast calls, and replay them on new values."""
+import contextlib
+
+import numpy as np
+import pytest
+
+import cupyops
+from cupyops.ops import attention as attention_op
+from cupyops.ops import gemm, norm, reduce, softmax
+
+pytestmark = pytest.mark.gpu
+
+FAST = {"softmax": softmax._FAST, "rms_norm": norm._FAST["rms_norm"], "layer_norm": norm._FAST["layer_norm"],
+        "sum": reduce._FAST["sum"], "max": reduce._FAST["max"], "matmul": gemm._FAST,
+        "attention": attention_op._FAST}
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def _dtype(name):
+    from cupyops import _dtypes
+
+    return _dtypes.to_dtype(name)
+
+
+def rand(shape, dtype, seed):
+    cp = _cp()
+    return cp.random.RandomState(seed).standard_normal(shape, dtype=cp.float32).astype(_dtype(dtype))
+
+
+def misaligned(a):
+    """``a``'s values in an array that starts one element past a 16-byte boundary (same
+    shape and strides: the fast path's key, with an address it must notice)."""
+    cp = _cp()
+    buf = cp.empty(a.size + 1, a.dtype)
+    out = buf[1:].reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def strided(a):
+    """``a``'s values in a view of the same shape whose rows are twice as far apart."""
+    cp = _cp()
+    buf = cp.empty(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
+    out = buf[..., : a.shape[-1]]
+    out[...] = a
+    return out
+
+
+# op -> (make the CuPy operands of a dtype, the call on operands {name: array})
+def _rows_operands(dtype, seed, n=1024):
+    return {"x": rand((8, n), dtype, seed), "w": rand((n,), dtype, seed + 1), "b": rand((n,), dtype, seed + 2)}
+
+
+OPS = {
+    "softmax": (_rows_operands, lambda o: cupyops.softmax(o["x"])),
+    "rms_norm": (_rows_operands, lambda o: cupyops.rms_norm(o["x"], o["w"])),
+    "layer_norm": (_rows_operands, lambda o: cupyops.layer_norm(o["x"], o["w"], o["b"])),
+    "sum": (_rows_operands, lambda o: cupyops.sum(o["x"], axis=-1)),
+    "max": (_rows_operands, lambda o: cupyops.max(o["x"], axis=-1)),
+    # 8 x 1024 @ (1024 x 1024).T: 8 tiles of 64 x 128, split over K (_gemm_mma.split_plan)
+    "matmul": (lambda dtype, seed: {"x": rand((8, 1024), dtype, seed), "W": rand((1024, 1024), dtype, seed + 1)},
+               lambda o: cupyops.matmul(o["x"], o["W"].T)),
+    # 4 sequences of one token, 8 query heads over 2 KV heads, 1024 cached keys: split KV
+    "attention": (lambda dtype, seed: {"q": rand((4, 1, 8, 64), dtype, seed), "k": rand((4, 1024, 2, 64), dtype, seed + 1),
+                                       "v": rand((4, 1024, 2, 64), dtype, seed + 2)},
+                  lambda o: cupyops.attention(o["q"], o["k"], o["v"])),
+}
+# (matmul: float32 runs the skinny rung, whose split-K counters are per stream: no fast path)
+FAST_DTYPES = {op: (("float16", "bfloat16") if op == "matmul" else ("float32", "float16", "bfloat16")) for op in OPS}
+CASES = [(op, d) for op in OPS for d in FAST_DTYPES[op]]
+
+
+@contextlib.contextmanager
+def checked_only(op):
+    """Calls of ``op`` take the checked path and file nothing (a signature of no call)."""
+    fast = FAST[op]
+    spec, fast.spec = fast.spec, lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        fast.spec = spec
+
+
+def bits(a):
+    """A CuPy or torch array's bytes on the host, for bit-for-bit comparisons."""
+    if not isinstance(a, _cp().ndarray):
+        a = _cp().from_dlpack(a.detach())
+    return _cp().asnumpy(a).view(np.uint8)
+
+
+def same_bits(got, want, what):
+    assert tuple(got.shape) == tuple(want.shape), what
+    np.testing.assert_array_equal(bits(got), bits(want), err_msg=what)
+
+
+def other_layouts(op, operands):
+    """The same values in other layouts of the fast path's key: a misaligned start, strided
+    rows (rows ops), the other weight layout (matmul), a cache view (attention)."""
+    if op == "matmul":
+        W = operands["W"]
+        yield "misaligned x", {**operands, "x": misaligned(operands["x"])}
+        yield "x with strided rows", {**operands, "x": strided(operands["x"])}
+        yield "W as a transposed copy", {**operands, "W": _cp().ascontiguousarray(W.T).T}
+    elif op == "attention":
+        cp = _cp()
+        k, v = operands["k"], operands["v"]
+        ck, cv = (cp.zeros((k.shape[0], k.shape[1] + 64) + k.shape[2:], k.dtype) for _ in range(2))
+        ck[:, : k.shape[1]], cv[:, : k.shape[1]] = k, v
+        yield "k and v in a longer cache", {**operands, "k": ck[:, : k.shape[1]], "v": cv[:, : k.shape[1]]}
+        yield "misaligned q", {**operands, "q": misaligned(operands["q"])}
+        yield "q a head slice of qkv", {**operands, "q": strided(operands["q"])}
+    else:
+        yield "misaligned x", {**operands, "x": misaligned(operands["x"])}
+        yield "x with strided rows", {**operands, "x": strided(operands["x"])}
+        if op in ("rms_norm", "layer_norm"):
+            yield "misaligned weight", {**operands, "w": misaligned(operands["w"])}
+
+
+@pytest.mark.parametrize("op,dtype", CASES)
+def test_cupy_fast_path_repeats_the_checked_call_and_rechecks_layout(op, dtype):
+    make, call = OPS[op]
+    operands = make(dtype, 1)
+    with checked_only(op):
+        want = call(operands)
+    first = call(operands)  # checked, and remembered
+    assert FAST[op].cupy, f"{op}: nothing remembered"
+    second = call(operands)  # the fast path
+    assert second.data.ptr != first.data.ptr, "a fresh output each call"
+    same_bits(first, want, f"{op} {dtype} checked")
+    same_bits(second, want, f"{op} {dtype} fast")
+    for what, other in other_layouts(op, operands):
+        with checked_only(op):
+            want_other = call(other)
+        for _ in range(2):  # (the second of each may take a fast call of its own)
+            same_bits(call(other), want_other, f"{op} {dtype} {what}")
+    # another dtype and another shape of the same op: their own checked calls
+    for d in FAST_DTYPES[op]:
+        if d != dtype:
+            o = make(d, 2)
+            with checked_only(op):
+                w = call(o)
+            same_bits(call(o), w, f"{op} {d} after {dtype}")
+            same_bits(call(o), w, f"{op} {d} after {dtype}, again")
+    if op not in ("matmul", "attention"):
+        o = _rows_operands(dtype, 3, n=1000)
+        with checked_only(op):
+            w = call(o)
+        same_bits(call(o), w, f"{op} {dtype} n=1000")
+        same_bits(call(o), w, f"{op} {dtype} n=1000, again")
+
+
+@pytest.mark.parametrize("op,dtype", CASES)
+def test_torch_fast_path_gives_the_cupy_bits(op, dtype):
+    torch = pytest.importorskip("torch")
+    make, call = OPS[op]
+    operands = make(dtype, 4)
+    with checked_only(op):
+        want = call(operands)
+    tensors = {k: torch.from_dlpack(v) for k, v in operands.items()}
+    got = [call(tensors) for _ in range(3)]  # checked (files the torch key), then fast
+    assert FAST[op].torch, f"{op}: no torch call remembered"
+    for i, t in enumerate(got):
+        assert isinstance(t, torch.Tensor) and t.device == tensors["x" if "x" in tensors else "q"].device
+        assert not t.requires_grad
+        same_bits(t, want, f"{op} {dtype} torch call {i}")
+    assert got[1].data_ptr() != got[2].data_ptr()
+    for what, other in other_layouts(op, operands):
+        with checked_only(op):
+            want_other = call(other)
+        t_other = {k: torch.from_dlpack(v) for k, v in other.items()}
+        for _ in range(2):
+            same_bits(call(t_other), want_other, f"{op} {dtype} torch {what}")
+    # a parameter that requires grad (a model's weight) is read as detached, fast too
+    if op in ("rms_norm", "layer_norm", "matmul"):
+        name = "W" if op == "matmul" else "w"
+        param = {**tensors, name: torch.nn.Parameter(tensors[name].clone())}
+        for _ in range(2):
+            r = call(param)
+            assert not r.requires_grad
+            same_bits(r, want, f"{op} {dtype} with a Parameter")
+
+
+def test_torch_fast_path_runs_on_torchs_current_stream_with_torchs_memory():
+    torch = pytest.importorskip("torch")
+    x = torch.randn((4096, 4096), device="cuda").to(torch.bfloat16)
+    w = torch.randn((4096,), device="cuda").to(torch.bfloat16)
+    cupyops.rms_norm(x, w)  # checked; the next calls are fast
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            before = torch.cuda.memory_allocated()
+            # a long kernel queued first on the side stream: the result is only right if
+            # cupyops' kernel is ordered after it on the same stream
+            x.mul_(2.0)
+            y = cupyops.rms_norm(x, w)
+            assert torch.cuda.memory_allocated() - before >= y.numel() * y.element_size()
+    side.synchronize()
+    want = torch.nn.functional.rms_norm(x.float(), (4096,), w.float(), eps=1e-6)
+    torch.testing.assert_close(y.float(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_torch_out_tensors_and_bad_input_take_the_checked_path():
+    torch = pytest.importorskip("torch")
+    x = torch.randn((8, 1024), device="cuda").to(torch.float16)
+    for _ in range(2):
+        cupyops.softmax(x)  # remembered
+    out = torch.empty_like(x)
+    assert cupyops.softmax(x, out=out) is out
+    torch.testing.assert_close(out.float(), torch.softmax(x.float(), -1), rtol=2e-3, atol=1e-5)
+    with pytest.raises(TypeError, match="axis"):
+        cupyops.softmax(x, axis=1.0)
+    with pytest.raises(TypeError, match="weight"):
+        cupyops.rms_norm(x, torch.ones(1024, device="cuda", dtype=torch.float32))
+    w = torch.ones(1024, device="cuda", dtype=torch.float16)
+    for _ in range(2):
+        cupyops.rms_norm(x, w)
+    with pytest.raises(TypeError, match="eps"):
+        cupyops.rms_norm(x, w, eps="small")
+
+
+def _no_checked_calls(monkeypatch):
+    for name, fast in FAST.items():
+        def refuse(*args, _name=name, **kwargs):
+            raise AssertionError(f"{_name}: the checked path ran during capture")
+
+        monkeypatch.setattr(fast, "checked", refuse)
+
+
+def test_cupy_stream_capture_takes_the_fast_paths(monkeypatch):
+    cp = _cp()
+    operands = {op: OPS[op][0]("bfloat16", 10 + i) for i, op in enumerate(OPS)}
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        for op, (_, call) in OPS.items():
+            for _ in range(2):  # checked, then fast: the capture finds every call remembered
+                call(operands[op])
+        stream.synchronize()
+        with monkeypatch.context() as m:
+            _no_checked_calls(m)
+            stream.begin_capture()
+            got = {op: call(operands[op]) for op, (_, call) in OPS.items()}
+            graph = stream.end_capture()
+        rs = cp.random.RandomState(99)
+        for o in operands.values():  # new values in the same arrays: the replay reads them
+            for v in o.values():
+                v[...] = rs.standard_normal(v.shape, dtype=cp.float32).astype(v.dtype)
+        graph.launch(stream)
+        stream.synchronize()
+        for op, (_, call) in OPS.items():
+            same_bits(got[op], call(operands[op]), f"{op} replayed")
+
+
+def test_torch_cuda_graph_takes_the_fast_paths(monkeypatch):
+    torch = pytest.importorskip("torch")
+    operands = {op: {k: torch.from_dlpack(v) for k, v in OPS[op][0]("bfloat16", 20 + i).items()}
+                for i, op in enumerate(OPS)}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graph asks
+        for op, (_, call) in OPS.items():
+            for _ in range(2):
+                call(operands[op])
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with monkeypatch.context() as m:
+        _no_checked_calls(m)
+        with torch.cuda.graph(graph):  # the default "global" capture mode
+            got = {op: call(operands[op]) for op, (_, call) in OPS.items()}
+    g = torch.Generator(device="cpu").manual_seed(7)
+    for o in operands.values():
+        for v in o.values():
+            v.copy_(torch.randn(v.shape, generator=g).to(v.device, v.dtype))
+    graph.replay()
+    for op, (_, call) in OPS.items():
+        want = call(operands[op])
+        torch.cuda.synchronize()
+        assert isinstance(got[op], torch.Tensor)
+        same_bits(got[op], want, f"{op} replayed")
