@@ -1030,13 +1030,39 @@ def test_summarize_attention_tables(tmp_path):
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "| op | axis |" not in out  # no memory-bound case, no memory-bound table
-    assert "| dtype | shape | mask | flash ms | flash TFLOP/s | vs torch-flash | vs torch-cudnn |" in out
-    assert ("| bfloat16 | B4xHq16xHkv16xSq4096xSkv4096xD128 | none | 1.0000 | 550.0 | 1.60x | 0.80x "
-            "| 550.0 | 0.80x | torch-cudnn | 1.00 |") in out
+    assert ("| dtype | shape | mask | flash TFLOP/s | flash vs torch-flash | flash target | flash3 ms | "
+            "flash3 TFLOP/s | flash3 vs torch-flash | flash3 vs torch-cudnn | auto vs torch-cudnn |") in out
+    # no flash3 row (a GPU other than sm_90): its cells are "-", not a miss
+    assert ("| bfloat16 | B4xHq16xHkv16xSq4096xSkv4096xD128 | none | 550.0 | 1.60x | 1.00 | - | - | - | - "
+            "| 0.80x | - |") in out
     assert ("| bfloat16 | B16xHq32xHkv8xSq1xSkv4096xD128 | none | 0.1000 | 2700 | 90.0 | 10.70 | "
             "torch-efficient | 0.90x | 0.90x | 1.00 **miss** |") in out
     assert out.strip().endswith("1 case(s) miss a target or a baseline: attention decode bfloat16 "
                                 "B16xHq32xHkv8xSq1xSkv4096xD128 vs best SDPA")
+
+
+def test_summarize_flash3_and_chunked_prefill(tmp_path):
+    rows = attention_rows()
+    pre = [r for r in rows if r["shape"].startswith("B4x")]
+    # flash3 beats cuDNN unmasked (0.8 ms) but not causal... cuDNN causal is 2.0 ms: both meet
+    pre += [dict(r, impl="flash3", kind="variant", ms=0.75) for r in pre if r["impl"] == "flash"]
+    rows += pre[-2:]
+    # a chunk of 1024 queries against 8192 keys at 0.8x the square causal case's TFLOP/s
+    chunk = "B4xHq16xHkv16xSq1024xSkv8192xD128"
+    rows += [dict(r, shape=chunk, mask="causal_br", flops=2.75e11 * 0.8, ms=r["ms"])
+             for r in pre if r["mask"] == "causal" and r["impl"] != "naive"]
+    rows = report.finalize(rows, copy_gbps=3000.0)
+    path = tmp_path / "attention.json"
+    path.write_text(report.to_json(dict(meta(), results=rows), rows))
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "summarize.py"), str(path)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert ("| bfloat16 | B4xHq16xHkv16xSq4096xSkv4096xD128 | none | 550.0 | 1.60x | 1.00 | 0.7500 | 733.3 | "
+            "2.13x | 1.07x | 0.80x | 1.00 **miss** |") in out  # flash3 meets it, auto does not
+    assert "chunked prefill flash3 bfloat16 B4xHq16xHkv16xSq1024xSkv8192xD128: 293.3 TFLOP/s, 0.80x the 366.7" in out
+    assert "(target 0.9) **miss**" in out
+    assert "attention chunked prefill flash3 bfloat16" in out and "attention bfloat16 " in out
 
 
 # ------------------------------------------------------------------------ matmul layouts
