@@ -21,7 +21,8 @@ from cupyops.ops._attention_problem import AttentionProblem
 # (B, Hq, Hkv, S, D, causal)
 SHAPES = [(4, 16, 16, 4096, 128, False), (4, 16, 16, 4096, 128, True), (4, 32, 32, 4096, 64, False),
           (4, 32, 32, 4096, 64, True), (1, 32, 8, 8192, 128, True), (2, 8, 8, 4096, 256, False),
-          (2, 8, 8, 4096, 256, True)]
+          (2, 8, 8, 4096, 256, True), (4, 16, 16, 4096, 96, False), (4, 16, 16, 1024, 128, False),
+          (1, 16, 16, 16384, 128, False)]
 
 
 def flops(B, Hq, S, D, causal):
@@ -51,6 +52,8 @@ def main():
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--rungs", default="flash", help="flash, flash3 (sm_90)")
+    ap.add_argument("--dims", default="", help="only these head_dims (e.g. 96,128)")
+    ap.add_argument("--masks", default="none,causal", help="none, causal or both")
     ap.add_argument("--l2-shares", default="", help="flash3: head groups whose K and V fill these shares of L2 "
                     "(0: one head a group), each timed; default: the launcher's")
     args = ap.parse_args()
@@ -69,6 +72,9 @@ def main():
     results = []
     for dt in args.dtypes.split(","):
         for B, Hq, Hkv, S, D, causal in SHAPES:
+            if args.dims and str(D) not in args.dims.split(",") or \
+                    ("causal" if causal else "none") not in args.masks.split(","):
+                continue
             rs = cp.random.RandomState(1)
             q, k, v = (rs.standard_normal((B, S, h, D), dtype=np.float32).astype(dt) for h in (Hq, Hkv, Hkv))
             o = cp.empty_like(q)

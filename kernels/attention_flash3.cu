@@ -40,19 +40,21 @@
 //   - the epilogue divides by the row sum and writes O straight from the accumulators
 //     (two elements a 4-byte store); the LSE is (m + log2(l)) * ln 2.
 //
-// Shared memory (1024-byte aligned for the 128-byte swizzle): Q as 2 x D/64 pieces of
-// 64 rows x 64 head_dim (8 KB each: consumer warpgroup w's rows at piece w * D/64), the K
-// ring (a stage: D/64 pieces of BC rows x 64 head_dim, K-major), the V ring (a stage: BC/64
-// x D/64 pieces of 64 keys x 64 head_dim, rows of 64 head_dim: the MN-major layout of
-// sm90.cuh SwizzledTile16<true>), then the two rings' barriers and Q's (a ring of one).
+// Shared memory (1024-byte aligned for the 128-byte swizzle): Q as 2 x DP pieces of 64 rows
+// x 64 head_dim (DP = cdiv(D, 64); 8 KB each: consumer warpgroup w's rows at piece w * DP),
+// the K ring and the V ring (a stage: DP pieces of BC keys x 64 head_dim, rows of 128 bytes;
+// K-major for S = Q K^T, and for P V the MN-major layout of sm90.cuh SwizzledTile16<true,
+// BC * 128>), then the two rings' barriers and Q's (a ring of one). head_dim 96 is held as
+// 128: the tensor copies fill the columns past it with zeros, S = Q K^T stops at 96, and
+// P V's extra columns (zeros) are not written.
 //
 // Launch geometry (cupyops/ops/_attention_flash3.py computes the same numbers):
-//   attention_flash3<T, HD, BC, STAGES, SCHED> (HD = head_dim: 64, 128 or 256): block 384;
+//   attention_flash3<T, HD, BC, STAGES, SCHED> (HD = head_dim: 64, 96, 128 or 256): block 384;
 //   1-D grid of one block an SM (persistent) or one a work tile (cdiv(Sq, 128) * Hq * B
-//   tiles, WorkTiles); dynamic shared memory 128 * D * 2 + STAGES * 2 * BC * D * 2 + 1 KB
-//   (alignment) + 32 * STAGES + 16. Tensor maps of Q, K, V: 4-D (D, rows, heads, batch) of
-//   16-bit elements with the 128-byte swizzle, boxes (64, 64, 1, 1) for Q and V, (64, BC,
-//   1, 1) for K. Needs 16-byte aligned tensors with strides that are multiples of 16 bytes
+//   tiles, WorkTiles); dynamic shared memory 128 * DPAD * 2 + STAGES * 2 * BC * DPAD * 2 +
+//   1 KB (alignment) + 32 * STAGES + 16 (DPAD: D rounded up to 64). Tensor maps of Q, K, V:
+//   4-D (D, rows, heads, batch) of 16-bit elements with the 128-byte swizzle, boxes (64,
+//   64, 1, 1) for Q, (64, BC, 1, 1) for K and V. Needs 16-byte aligned tensors with strides that are multiples of 16 bytes
 //   (the launcher checks). head_group: WorkTiles' group.
 #include "attention_common.cuh"
 #include "gemm_sm90.cuh"
@@ -69,11 +71,12 @@ enum Sched { SERIAL = 0, OVERLAP = 1, PINGPONG = 2 };
 constexpr int TURN_BARRIER = 1;
 
 template <int D, int BC> struct Layout {
-    static_assert(D == 64 || D == 128 || D == 256, "attention_flash3: head_dim 64, 128 or 256");
-    static_assert(BC % 64 == 0 && BC <= 256, "attention_flash3: key tiles of whole 64-row pieces");
-    static constexpr int DP = D / 64;  // 64-wide pieces of head_dim
-    static constexpr unsigned Q_BYTES = BR * D * 2, K_BYTES = BC * D * 2, V_BYTES = BC * D * 2;
-    static constexpr unsigned K_PIECE = BC * 128;  // a 64-wide slice of head_dim of all BC keys
+    static_assert(D == 64 || D == 96 || D == 128 || D == 256, "attention_flash3: head_dim 64, 96, 128 or 256");
+    static_assert(BC % 16 == 0 && BC <= 256, "attention_flash3: key tiles of whole k16 steps, at most a box");
+    static constexpr int DP = (D + 63) / 64;  // 64-wide pieces of head_dim (96: the second half reads as zeros)
+    static constexpr int DPAD = 64 * DP;       // head_dim as the tiles and O's accumulators hold it
+    static constexpr unsigned Q_BYTES = BR * DPAD * 2, K_BYTES = BC * DPAD * 2, V_BYTES = BC * DPAD * 2;
+    static constexpr unsigned KV_PIECE = BC * 128;  // a 64-wide slice of head_dim of all BC keys (K and V)
 };
 
 // The K/V tiles of the work tile of query rows [q0, q0 + BR): what its last row sees.
@@ -117,7 +120,7 @@ template <typename T, int HD, int BC, int STAGES> struct Consumer {
     unsigned q_tile, k_ring, v_ring;
     float scale2;  // scale * log2(e)
     int vis[2], vis_min;  // keys each of the thread's two rows sees, and the fewer
-    float o[HD / 2];
+    float o[L::DPAD / 2];
     float m[2], l[2];
 
     // S = Q K_j^T issued (not waited for).
@@ -125,9 +128,9 @@ template <typename T, int HD, int BC, int STAGES> struct Consumer {
         const unsigned kst = k_ring + Pipeline<STAGES>::stage(j) * L::K_BYTES;
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk)
+        for (int kk = 0; kk < HD / 16; ++kk)  // (head_dim 96: the zeros past it are not multiplied)
             wgmma_m64nNk16<BC, T, false, false>(s, SwizzledTile16<false>::desc(q_tile + (kk / 4) * PIECE, kk % 4),
-                                                SwizzledTile16<false>::desc(kst + (kk / 4) * L::K_PIECE, kk % 4),
+                                                SwizzledTile16<false>::desc(kst + (kk / 4) * L::KV_PIECE, kk % 4),
                                                 kk > 0);
         wgmma_commit();
     }
@@ -141,8 +144,7 @@ template <typename T, int HD, int BC, int STAGES> struct Consumer {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk)
-            wgmma_m64nNk16_rs<HD, T, true>(o, pa[kk],
-                                           SwizzledTile16<true>::desc(vst + (kk / 4) * L::DP * PIECE, kk % 4), true);
+            wgmma_m64nNk16_rs<L::DPAD, T, true>(o, pa[kk], SwizzledTile16<true, L::KV_PIECE>::desc(vst, kk), true);
         wgmma_commit();
     }
 
@@ -186,7 +188,8 @@ template <typename T, int HD, int BC, int STAGES> struct Consumer {
 
     __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
 #pragma unroll
-        for (int c = 0; c < HD / 8; ++c)
+        for (int c = 0; c < L::DPAD / 8; ++c)  // (all: head_dim 96's zero columns too, or ptxas
+                                               // serialises the wgmmas, C7511)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 o[4 * c + 2 * hh] *= alpha[hh];
@@ -253,16 +256,13 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                     const unsigned kst = k_ring + kpipe.stage(kv) * L::K_BYTES;
 #pragma unroll
                     for (int p = 0; p < L::DP; ++p)
-                        tma_load_4d(kst + p * L::K_PIECE, &mapK, 64 * p, j * BC, hk, b, kpipe.full(kv).addr);
+                        tma_load_4d(kst + p * L::KV_PIECE, &mapK, 64 * p, j * BC, hk, b, kpipe.full(kv).addr);
                     vpipe.producer_acquire(kv);
                     vpipe.producer_expect(kv, L::V_BYTES);
                     const unsigned vst = v_ring + vpipe.stage(kv) * L::V_BYTES;
 #pragma unroll
-                    for (int kb = 0; kb < BC / 64; ++kb)
-#pragma unroll
-                        for (int p = 0; p < L::DP; ++p)
-                            tma_load_4d(vst + (kb * L::DP + p) * PIECE, &mapV, 64 * p, j * BC + 64 * kb, hk, b,
-                                        vpipe.full(kv).addr);
+                    for (int p = 0; p < L::DP; ++p)
+                        tma_load_4d(vst + p * L::KV_PIECE, &mapV, 64 * p, j * BC, hk, b, vpipe.full(kv).addr);
                 }
             }
         }
@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         }
         c.vis_min = min(c.vis[0], c.vis[1]);
 #pragma unroll
-        for (int i = 0; i < HD / 2; ++i) c.o[i] = 0.f;
+        for (int i = 0; i < L::DPAD / 2; ++i) c.o[i] = 0.f;
 
         if (tiles > 0) {
             qpipe.consumer_wait(q_it);

@@ -185,8 +185,11 @@ __device__ __forceinline__ u64 wgmma_desc(unsigned addr, unsigned lbo, unsigned 
 // [16 k16, 16 k16 + 16): K-major steps 32 bytes along the rows (the swizzle is a function
 // of the address bits, so a shifted start reads the shifted columns); MN-major steps 16 k
 // rows, 2048 bytes.
-template <bool MN_MAJOR> struct SwizzledTile16 {
-    static constexpr unsigned PIECE_BYTES = 8192;
+// PIECE_BYTES: the distance between the 64-wide M/N pieces of an MN-major tile, 8192 for
+// pieces of 64 k (a tile of more k, copied as one box of (64, k) a piece, has pieces of 128 k
+// bytes: attention's V tiles of BC keys).
+template <bool MN_MAJOR, unsigned PIECE = 8192> struct SwizzledTile16 {
+    static constexpr unsigned PIECE_BYTES = PIECE;
     __device__ __forceinline__ static u64 desc(unsigned tile, int k16) {
         if constexpr (MN_MAJOR) return wgmma_desc(tile + 2048u * k16, PIECE_BYTES, 1024);
         else return wgmma_desc(tile + 32u * k16, 16, 1024);  // (LBO unused when K-major)
@@ -242,6 +245,24 @@ template <int R> __device__ __forceinline__ void fence_regs(unsigned (&d)[R]) {
     "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
     "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
     "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define CUOPS_ACC88_REGS \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+    "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, " \
+    "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, " \
+    "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}"
+#define CUOPS_ACC88_OUTS \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
 #define CUOPS_ACC96_REGS \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
     "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
@@ -306,6 +327,12 @@ template <int R> __device__ __forceinline__ void fence_regs(unsigned (&d)[R]) {
                  ", %64, %65, p, 1, 1" IMMEDIATES ";\n}\n"                                          \
                  : CUOPS_ACC64_OUTS                                                              \
                  : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0))
+#define CUOPS_WGMMA_M64N176(KIND, IMMEDIATES)                                                \
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %90, 0;\n\t"                                  \
+                 "wgmma.mma_async.sync.aligned.m64n176" KIND " " CUOPS_ACC88_REGS                      \
+                 ", %88, %89, p, 1, 1" IMMEDIATES ";\n}\n"                                          \
+                 : CUOPS_ACC88_OUTS                                                              \
+                 : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0))
 #define CUOPS_WGMMA_M64N192(KIND, IMMEDIATES)                                                \
     asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %98, 0;\n\t"                                  \
                  "wgmma.mma_async.sync.aligned.m64n192" KIND " " CUOPS_ACC96_REGS                      \
@@ -319,13 +346,14 @@ template <int R> __device__ __forceinline__ void fence_regs(unsigned (&d)[R]) {
                  : CUOPS_ACC128_OUTS                                                              \
                  : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0))
 
-// d (+)= A * B for a 64 x N x 16 step of a warpgroup (N = 64, 128, 192 or 256: N / 2
+// d (+)= A * B for a 64 x N x 16 step of a warpgroup (N = 64, 128, 176, 192 or 256: N / 2
 // accumulators a thread): T is __half or __nv_bfloat16, A and B in shared memory
 // (descriptors da, db); TRANS_A: A is M-major (stored K x M), TRANS_B: B is N-major (stored
 // K x N); accumulate false: d = A * B.
 template <int N, typename T, bool TRANS_A, bool TRANS_B>
 __device__ __forceinline__ void wgmma_m64nNk16(float (&d)[N / 2], u64 da, u64 db, bool accumulate) {
-    static_assert(N == 64 || N == 128 || N == 192 || N == 256, "wgmma_m64nNk16: N of 64, 128, 192 or 256");
+    static_assert(N == 64 || N == 128 || N == 176 || N == 192 || N == 256,
+                  "wgmma_m64nNk16: N of 64, 128, 176, 192 or 256");
     constexpr bool F16 = IsF16<T>::value;
     if constexpr (N == 64) {
         if constexpr (F16) CUOPS_WGMMA_M64N64("k16.f32.f16.f16", ", %35, %36");
@@ -333,6 +361,9 @@ __device__ __forceinline__ void wgmma_m64nNk16(float (&d)[N / 2], u64 da, u64 db
     } else if constexpr (N == 128) {
         if constexpr (F16) CUOPS_WGMMA_M64N128("k16.f32.f16.f16", ", %67, %68");
         else CUOPS_WGMMA_M64N128("k16.f32.bf16.bf16", ", %67, %68");
+    } else if constexpr (N == 176) {
+        if constexpr (F16) CUOPS_WGMMA_M64N176("k16.f32.f16.f16", ", %91, %92");
+        else CUOPS_WGMMA_M64N176("k16.f32.bf16.bf16", ", %91, %92");
     } else if constexpr (N == 192) {
         if constexpr (F16) CUOPS_WGMMA_M64N192("k16.f32.f16.f16", ", %99, %100");
         else CUOPS_WGMMA_M64N192("k16.f32.bf16.bf16", ", %99, %100");
@@ -355,6 +386,7 @@ __device__ __forceinline__ void wgmma_m64nNk32_e4m3(float (&d)[N / 2], u64 da, u
 }
 #undef CUOPS_WGMMA_M64N64
 #undef CUOPS_WGMMA_M64N128
+#undef CUOPS_WGMMA_M64N176
 #undef CUOPS_WGMMA_M64N192
 #undef CUOPS_WGMMA_M64N256
 
@@ -412,6 +444,8 @@ __device__ __forceinline__ void wgmma_m64nNk16_rs(float (&d)[N / 2], const unsig
 #undef CUOPS_ACC32_OUTS
 #undef CUOPS_ACC64_REGS
 #undef CUOPS_ACC64_OUTS
+#undef CUOPS_ACC88_REGS
+#undef CUOPS_ACC88_OUTS
 #undef CUOPS_ACC96_REGS
 #undef CUOPS_ACC96_OUTS
 #undef CUOPS_ACC128_REGS

@@ -32,6 +32,8 @@ CASES = [  # (B, Sq, Skv, Hq, Hkv, D, causal, align, layout)
     (2, 130, 130, 2, 2, 256, False, "top_left", "bhsd"),
     (1, 700, 700, 2, 1, 64, True, "top_left", "bhsd"),  # many tiles: the rings wrap several times
     (2, 1100, 300, 8, 2, 128, True, "bottom_right", "bshd"),  # 144 work tiles: blocks of a persistent grid take several
+    (1, 200, 333, 4, 2, 96, True, "bottom_right", "bshd"),  # head_dim 96: held as 128
+    (2, 130, 77, 2, 1, 96, False, "top_left", "bhsd"),
 ]
 
 

@@ -27,7 +27,7 @@ VARIANTS = {
     "flash3": "FlashAttention-3 on Hopper (sm_90a): a TMA producer warpgroup and two wgmma consumer "
     "warpgroups of 64 query rows, K and V tiles through mbarrier rings, S = Q K^T from shared memory, "
     "P V with P in registers, the softmax of one tile overlapping the GEMMs of the next and the two "
-    "consumers taking turns on the tensor cores (float16, bfloat16; head_dim 64, 128, 256)",
+    "consumers taking turns on the tensor cores (float16, bfloat16; head_dim 64, 96, 128, 256)",
 }
 DTYPES = {"flash3": ("float16", "bfloat16")}
 ARCH = "sm_90a"
@@ -44,9 +44,12 @@ CONFIGS = {
     64: {"c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False),
          "c128s2o": (128, 2, OVERLAP, False), "c128s2": (128, 2, SERIAL, False),
          "c128s4p_pg": (128, 4, PINGPONG, True)},
+    # head_dim 96 is held as 128 (the kernel's DPAD)
+    96: {"c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False)},
     128: {"c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False),
           "c128s2o": (128, 2, OVERLAP, False), "c128s2": (128, 2, SERIAL, False),
-          "c128s3p_pg": (128, 3, PINGPONG, True)},
+          "c128s3p_pg": (128, 3, PINGPONG, True), "c176s2p_pg": (176, 2, PINGPONG, True),
+          "c176s2p": (176, 2, PINGPONG, False)},
     256: {"c64s2p_pg": (64, 2, PINGPONG, True), "c64s2p": (64, 2, PINGPONG, False),
           "c64s2o": (64, 2, OVERLAP, False)},
 }
@@ -56,7 +59,7 @@ MAX_WORK_TILES = 2**31 - 1  # the kernel counts work tiles in an int (and a grid
 # in length up to the sequence's tiles, and the persistent grid's fixed round robin left
 # SMs idle at the end (0.87-0.90x cuDNN against 0.96-1.05x with the hardware handing out
 # blocks as SMs free up); without a mask the persistent grid was 0.5-1 % faster.
-CAUSAL_CONFIG = {64: "c128s2p", 128: "c128s2p", 256: "c64s2p"}
+CAUSAL_CONFIG = {64: "c128s2p", 96: "c128s2p", 128: "c128s2p", 256: "c64s2p"}
 # A head group's K and V (what its work tiles read again and again) are kept to this share
 # of the L2 cache (head_group), by default: 0 (a group is one KV head's query heads) without
 # a mask, where the order did not matter within 1 %; half of L2 under a causal mask, where it
@@ -78,10 +81,11 @@ KERNEL_FILES = [KERNELS]
 
 
 def smem_bytes(hd, cfg):
-    """Q, the rings of K and V tiles, the 1024-byte alignment, the rings' barriers and Q's
-    (full and empty)."""
+    """Q, the rings of K and V tiles (head_dim rounded up to 64), the 1024-byte alignment,
+    the rings' barriers and Q's (full and empty)."""
     bc, stages = CONFIGS[hd][cfg][:2]
-    return BR * hd * 2 + stages * 2 * bc * hd * 2 + _tma.SWIZZLE_ATOM_BYTES + 32 * stages + 16
+    dpad = 64 * -(-hd // 64)
+    return BR * dpad * 2 + stages * 2 * bc * dpad * 2 + _tma.SWIZZLE_ATOM_BYTES + 32 * stages + 16
 
 
 def map_spec(arr_ptr, strides, rows, heads, batch, hd, box_rows):
@@ -104,7 +108,7 @@ def _specs(p, cfg):
     bc = CONFIGS[p.D][cfg][0]
     return [map_spec(p.Q.data.ptr, p.q_strides, p.Sq, p.Hq, p.B, p.D, 64),
             map_spec(p.K.data.ptr, p.k_strides, p.Skv, p.Hkv, p.B, p.D, bc),
-            map_spec(p.V.data.ptr, p.v_strides, p.Skv, p.Hkv, p.B, p.D, 64)]
+            map_spec(p.V.data.ptr, p.v_strides, p.Skv, p.Hkv, p.B, p.D, bc)]
 
 
 def supports(impl, p, config=None):
