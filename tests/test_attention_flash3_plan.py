@@ -49,8 +49,11 @@ def test_plans(D):
     assert W.default_config(p) == W.CAUSAL_CONFIG[D]
     assert W.plan(p).name == W.plan(p, W.CAUSAL_CONFIG[D]).name
     p.causal = False
-    assert W.default_config(p) == next(iter(W.CONFIGS[D]))
+    assert W.default_config(p) == next(iter(W.CONFIGS[D]))  # (700 keys)
     assert W.plan(p, sm_count=20).grid == (20,)
+    p.Skv = W.LONG_KV
+    assert W.default_config(p) == ("c176s2p_pg" if D == 128 else next(iter(W.CONFIGS[D])))
+    assert W.CONFIGS[D][W.default_config(p)][2:] == (W.PINGPONG, True)
     with pytest.raises(ValueError, match="config"):
         W.plan(p, "c64s9")
     assert W.KERNELS.arch == "sm_90a" and W.KERNELS.runs_on(90) and not W.KERNELS.runs_on(80)
