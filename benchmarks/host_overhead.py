@@ -29,7 +29,7 @@ rows = {
     "cp.empty((1, 1024))": lambda: cp.empty((1, 1024), cp.float32),
     "cp.ndarray((1, 1024), float32)": lambda: cp.ndarray((1, 1024), cp.float32),
     "bare RawKernel launch": lambda: fn(grid, block, args),
-    "DirectLaunch (packed once)": lambda: direct(stream, x.data.ptr, y.data.ptr),
+    "DirectLaunch (packed once)": lambda: direct(stream, (x.data.ptr, y.data.ptr)),
     "softmax_rows (plan + launch)": lambda: sm.softmax_rows("auto", x, y, "float32"),
     "cupyops.softmax(x, out=y)": lambda: cupyops.softmax(x, out=y),
     "cupyops.softmax(x)": lambda: cupyops.softmax(x),

@@ -34,6 +34,7 @@ launch that read the caller's own arrays (nothing copied), the checked path call
 under the torch tensors' key as well.
 """
 import operator
+import sys
 import threading
 
 import numpy as np
@@ -48,7 +49,7 @@ _get_device = None  # cupy.cuda.runtime.getDevice
 _cupy_alloc = None  # cupy.cuda.alloc
 _cupy_stream = None  # cupy.cuda.get_current_stream
 _torch_empty = None
-_torch_uint8 = None
+_torch_raw_alloc = _torch_raw_delete = None  # torch's caching allocator, block by address
 raw_stream = None  # torch's current stream of a device, as an address (torch_loaded)
 TORCH_DTYPES = {}  # NumPy dtype -> torch dtype, for the dtypes the operators return
 
@@ -61,7 +62,7 @@ def cupy_loaded(cupy):
 
 def torch_loaded(torch):
     """Bind what the torch side of a FastCall uses (once a torch tensor has been seen)."""
-    global TORCH_TENSORS, _torch_empty, _torch_uint8, raw_stream
+    global TORCH_TENSORS, _torch_empty, _torch_raw_alloc, _torch_raw_delete, raw_stream
     if _torch_empty is not None:
         return
     from . import _dtypes
@@ -73,7 +74,11 @@ def torch_loaded(torch):
     # device queries; the raw query is one C call)
     query = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     raw_stream = query if query is not None else (lambda i: torch.cuda.current_stream(i).cuda_stream)
-    _torch_empty, _torch_uint8 = torch.empty, torch.uint8
+    _torch_empty = torch.empty
+    # (what torch.cuda.caching_allocator_alloc/delete call, less their Python device and
+    # stream lookups; a block on a capturing stream comes from the capture's pool)
+    _torch_raw_alloc = torch._C._cuda_cudaCachingAllocator_raw_alloc
+    _torch_raw_delete = torch._C._cuda_cudaCachingAllocator_raw_delete
     TORCH_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
 
 
@@ -141,22 +146,22 @@ def launch_checked(launches, work=()):
             fn(grid, block, args)
 
 
-def build(variants, inputs, outputs, work=()):
+def build(variants, inputs, output, work=()):
     """The FastCall replaying a checked call, or None where it cannot.
 
     ``variants``: (the launches for inputs of which one starts off a 16-byte boundary, or
     None where those need the checked path; the launches for aligned inputs), each a list
     of ``(fn, grid, block, smem, args)`` as the checked call launched them. Their array
     arguments must be among ``inputs`` (the call's input arrays in the order a later call
-    passes them, None for an absent one) and ``outputs`` (its results, made anew each call
-    with their shapes and dtypes, C-contiguous), or ``Work`` pieces of sizes ``work``."""
+    passes them, None for an absent one) and ``output`` (its result, made anew each call
+    with its shape and dtype, C-contiguous), or ``Work`` pieces of sizes ``work``."""
     slot = {}
-    for i, a in enumerate((*inputs, *outputs)):
+    for i, a in enumerate((*inputs, output)):
         if a is not None:
             if id(a) in slot:  # one array in two roles (k is v): a later call may differ
                 return None
             slot[id(a)] = i
-    first_work = len(inputs) + len(outputs)
+    first_work = len(inputs) + 1
     packed = []
     for launches in variants:
         if launches is None:
@@ -179,89 +184,128 @@ def build(variants, inputs, outputs, work=()):
             pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda addrs, i=slots[0]: (addrs[i],))
             pack.append((_launch.DirectLaunch(fn, grid, block, smem, template), pick))
         packed.append(tuple(pack))
-    return FastCall(packed, len(inputs), [(tuple(o.shape), o.dtype) for o in outputs], work, _get_device())
+    return FastCall(packed, (tuple(output.shape), output.dtype), work, _get_device())
 
 
-def build_from_launcher(launches, inputs, outputs):
+def build_from_launcher(launches, inputs, output):
     """``build`` for a launcher's ``fast_launches`` answer ``launches``: (the launch list,
     the workspace bytes), whose kernels check the operands' alignment themselves (one list
     for aligned and unaligned inputs), or None (nothing to replay)."""
     if launches is None:
         return None
     lists, work = launches
-    return build((lists, lists), inputs, outputs, work)
+    return build((lists, lists), inputs, output, work)
+
+
+# A CuPy FastCall keeps its last output block and its workspace for the next call on the
+# same stream: CuPy's pool costs about as much host time per allocation and free as the
+# kernel launch (a fifth of a decode call). The workspace never leaves the call, so the next
+# call on the stream (ordered after this one's kernels) may reuse it; the output block only
+# once nothing refers to it any more: no array, no view (their MemoryPointers hold its
+# memory object), counted by reference counts against those of a block nothing else holds.
+# That is the reuse CuPy's pool itself makes of a freed block on its stream, so graph
+# capture and streams see the same rules. Blocks above KEEP_BYTES go back to the pool.
+KEEP_BYTES = 4 << 20
+_FREE_REFS = None  # the reference counts _block_refs finds on a block nothing else holds
+
+
+def _block_refs(kept):
+    block = kept[0]
+    return sys.getrefcount(block), sys.getrefcount(block.mem)
+
+
+def _free_refs():
+    global _FREE_REFS
+    _FREE_REFS = _block_refs([_cupy_alloc(1)])
+    return _FREE_REFS
 
 
 class FastCall:
     """A checked call's launches, replayed on other arrays of the same layout (``build``)."""
 
-    def __init__(self, variants, inputs, outputs, work, device):
+    def __init__(self, variants, output, work, device):
         self._variants = tuple(variants)  # [inputs off 16 bytes, aligned] -> ((launch, pick), ...)
-        self._inputs = inputs
-        self._outputs = outputs  # (shape, NumPy dtype) of each result
-        self._single = len(outputs) == 1
+        self._shape, self._dtype = output  # of the result
         self._work, self._work_bytes = _offsets(work) if work else ((), 0)
         self.device = device
-        self._torch_outputs = None
+        self._torch_dtype = None
+        self._keep_output = self._dtype.itemsize * int(np.prod(self._shape)) <= KEEP_BYTES
+        self._keep_work = self._work_bytes <= KEEP_BYTES
+        self._kept = [None, None]  # CuPy: the last output block, the workspace
+        self._kept_stream = None
+        lock = threading.Lock()  # (around the kept blocks: two threads must not take one)
+        self._acquire, self._release = lock.acquire, lock.release
 
     def cupy(self, arrays):
-        """Run on CuPy arrays; the results as CuPy arrays (None: the checked path's turn)."""
-        addrs, bits = [], 0
-        for a in arrays:
-            if a is None:
-                addrs.append(0)
-            else:
-                p = a.data.ptr
-                addrs.append(p)
-                bits |= p
+        """Run on CuPy arrays; the result as a CuPy array (None: the checked path's turn)."""
+        addrs = [0 if a is None else a.data.ptr for a in arrays]
+        bits = 0
+        for p in addrs:
+            bits |= p
         launches = self._variants[not bits & 15]
         if launches is None:
             return None
-        new = CUPY_ARRAY
-        outs = [new(shape, dtype) for shape, dtype in self._outputs]  # (ndarray: cp.empty less a call)
-        for o in outs:
-            addrs.append(o.data.ptr)
-        if self._work_bytes:
-            buf = _cupy_alloc(self._work_bytes)  # (held until the launches are queued)
-            base = buf.ptr
-            addrs += [base + off for off in self._work]
         stream = _cupy_stream().ptr
-        for launch, pick in launches:
-            launch(stream, *pick(addrs))
-        return outs[0] if self._single else tuple(outs)
+        kept = self._kept
+        self._acquire()
+        try:
+            if self._kept_stream != stream:
+                kept[0] = kept[1] = None
+                self._kept_stream = stream
+            if kept[0] is not None and _block_refs(kept) == (_FREE_REFS or _free_refs()):
+                y = CUPY_ARRAY(self._shape, self._dtype, kept[0])
+            else:
+                y = CUPY_ARRAY(self._shape, self._dtype)  # (ndarray: cp.empty less a call)
+                if self._keep_output:
+                    kept[0] = y.data
+            addrs.append(y.data.ptr)
+            if self._work_bytes:
+                work = kept[1]
+                if work is None:
+                    work = _cupy_alloc(self._work_bytes)
+                    if self._keep_work:
+                        kept[1] = work
+                base = work.ptr
+                addrs += [base + off for off in self._work]
+            for launch, pick in launches:
+                launch(stream, pick(addrs))
+        finally:
+            self._release()
+        return y
 
     def torch(self, tensors):
         """Run on CUDA torch tensors (on this FastCall's device, which the key names); the
-        results as torch tensors (None: the checked path's turn)."""
+        result as a torch tensor (None: the checked path's turn). The output comes from
+        ``torch.empty``, the workspace from torch's caching allocator for the current
+        stream, given back once the launches are queued (as torch's own temporaries)."""
         dev = self.device
         if _get_device() != dev:  # the kernels belong to the current device's context
             return None
-        outputs = self._torch_outputs
-        if outputs is None:
-            outputs = self._torch_outputs = [(shape, TORCH_DTYPES[dtype]) for shape, dtype in self._outputs]
-        addrs, bits = [], 0
-        for t in tensors:
-            if t is None:
-                addrs.append(0)
-            else:
-                p = t.data_ptr()
-                addrs.append(p)
-                bits |= p
+        addrs = [0 if t is None else t.data_ptr() for t in tensors]
+        bits = 0
+        for p in addrs:
+            bits |= p
         launches = self._variants[not bits & 15]
         if launches is None:
             return None
-        empty = _torch_empty
-        outs = [empty(shape, dtype=dtype, device=dev) for shape, dtype in outputs]
-        for o in outs:
-            addrs.append(o.data_ptr())
-        if self._work_bytes:
-            buf = empty(self._work_bytes, dtype=_torch_uint8, device=dev)  # (held until queued)
-            base = buf.data_ptr()
-            addrs += [base + off for off in self._work]
+        dtype = self._torch_dtype
+        if dtype is None:
+            dtype = self._torch_dtype = TORCH_DTYPES[self._dtype]
+        y = _torch_empty(self._shape, dtype=dtype, device=dev)
+        addrs.append(y.data_ptr())
         stream = raw_stream(dev)
-        for launch, pick in launches:
-            launch(stream, *pick(addrs))
-        return outs[0] if self._single else tuple(outs)
+        if not self._work_bytes:
+            for launch, pick in launches:
+                launch(stream, pick(addrs))
+            return y
+        base = _torch_raw_alloc(self._work_bytes, stream)
+        try:
+            addrs += [base + off for off in self._work]
+            for launch, pick in launches:
+                launch(stream, pick(addrs))
+        finally:
+            _torch_raw_delete(base)
+        return y
 
 
 class FastCalls:
@@ -336,7 +380,7 @@ class FastCalls:
             if len(self.cupy) > _launch.MEMO_LIMIT:  # a program of many distinct shapes
                 self.cupy.clear()
             self.cupy[key] = fast
-        if torch_args is not None and all(dtype in TORCH_DTYPES for _, dtype in fast._outputs):
+        if torch_args is not None and fast._dtype in TORCH_DTYPES:
             tkey = self._key(torch_sig, *torch_args)
             if tkey is not None:
                 if len(self.torch) > _launch.MEMO_LIMIT:

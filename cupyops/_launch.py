@@ -284,8 +284,8 @@ class DirectLaunch:
     calls (cupyops/_fast.py) launch through this.
 
     ``fn``: a ``cupy.RawKernel`` (or its ``cupy.cuda.function.Function``); ``args``: the
-    kernel's arguments in order, each ``ADDRESS`` (a device address a call passes, in the
-    order of these slots) or a NumPy scalar, whose dtype gives the C type (as CuPy's own
+    kernel's arguments in order, each ``ADDRESS`` (a device address a call passes, in a
+    sequence in the order of these slots) or a NumPy scalar, whose dtype gives the C type (as CuPy's own
     launch does). Calls from several threads are serialised around the parameter block
     (the driver reads it during the launch, with the GIL released). ``driver_launch``
     stands in for CuPy's (the CPU tier checks the packing through it)."""
@@ -314,7 +314,7 @@ class DirectLaunch:
         lock = threading.Lock()
         self._acquire, self._release = lock.acquire, lock.release
 
-    def __call__(self, stream, *addresses):
+    def __call__(self, stream, addresses):
         # (every line here is paid per call: bound methods kept, no with-block, one slice store)
         self._acquire()
         try:

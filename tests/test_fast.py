@@ -17,22 +17,33 @@ class FakeFunction:
     ptr = 0xF00D
 
 
-class FakeArray:
-    """A CuPy array stand-in: shape, strides, dtype, data.ptr; new ones from a bump allocator."""
+class FakeMemoryPointer:
+    """CuPy's MemoryPointer stand-in: an address and the memory object it holds."""
 
     next_ptr = 0x10000
 
-    def __init__(self, shape, dtype, ptr=None, strides=None):
+    def __init__(self, ptr=None, mem=None):
+        if ptr is None:
+            ptr, FakeMemoryPointer.next_ptr = FakeMemoryPointer.next_ptr, FakeMemoryPointer.next_ptr + 0x1000
+        self.ptr, self.mem = ptr, mem if mem is not None else object()
+
+
+class FakeArray:
+    """A CuPy array stand-in: shape, strides, dtype, data (new memory unless given)."""
+
+    def __init__(self, shape, dtype, memptr=None, strides=None, *, ptr=None):
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         step, st = self.dtype.itemsize, []
         for n in reversed(self.shape):
             st.insert(0, step)
             step *= max(n, 1)
         self.strides = strides or tuple(st)
-        if ptr is None:
-            ptr, FakeArray.next_ptr = FakeArray.next_ptr, FakeArray.next_ptr + 0x1000
-        self.data = types.SimpleNamespace(ptr=ptr)
+        self.data = memptr if memptr is not None else FakeMemoryPointer(ptr)
         self.itemsize = self.dtype.itemsize
+
+    def offset_view(self):
+        """A view one element in: its own MemoryPointer on the same memory."""
+        return FakeArray(self.shape, self.dtype, FakeMemoryPointer(self.data.ptr + self.itemsize, self.data.mem))
 
 
 class FakeTensor:
@@ -86,24 +97,31 @@ def fake(monkeypatch):
 
     def cupy_alloc(n):
         allocated.append(n)
-        return types.SimpleNamespace(ptr=0x900000)
+        return FakeMemoryPointer(0x900000 + 0x100000 * len(allocated))
 
+    stream = types.SimpleNamespace(ptr=0x5EA)
     monkeypatch.setattr(_fast, "CUPY_ARRAY", FakeArray)
     monkeypatch.setattr(_fast, "_cupy_alloc", cupy_alloc)
-    monkeypatch.setattr(_fast, "_cupy_stream", lambda: types.SimpleNamespace(ptr=0x5EA))
+    monkeypatch.setattr(_fast, "_cupy_stream", lambda: stream)
     monkeypatch.setattr(_fast, "_get_device", lambda: 0)
-    made = []
+    monkeypatch.setattr(_fast, "_FREE_REFS", _fast._block_refs([FakeMemoryPointer()]))
+    made, raw = [], []
 
     def torch_empty(shape, dtype=None, device=None):
         made.append((shape, dtype, device))
-        return FakeTensor(shape if isinstance(shape, tuple) else (shape,), dtype, 0xA00000 + 0x1000 * len(made))
+        return FakeTensor(shape, dtype, 0xA00000 + 0x1000 * len(made))
+
+    def raw_alloc(size, stream):
+        raw.append(("alloc", size, stream))
+        return 0xB00000
 
     monkeypatch.setattr(_fast, "TORCH_TENSORS", frozenset({FakeTensor}))
     monkeypatch.setattr(_fast, "TORCH_DTYPES", {np.dtype(np.float32): "torch.float32"})
     monkeypatch.setattr(_fast, "_torch_empty", torch_empty)
-    monkeypatch.setattr(_fast, "_torch_uint8", "torch.uint8")
+    monkeypatch.setattr(_fast, "_torch_raw_alloc", raw_alloc)
+    monkeypatch.setattr(_fast, "_torch_raw_delete", lambda ptr: raw.append(("delete", ptr)))
     monkeypatch.setattr(_fast, "raw_stream", lambda device: 0x7000 + device)
-    return types.SimpleNamespace(launched=launched, allocated=allocated, made=made)
+    return types.SimpleNamespace(launched=launched, allocated=allocated, made=made, raw=raw, stream=stream)
 
 
 def test_row_fast_call_launches_in_kernel_order(fake):
@@ -113,7 +131,7 @@ def test_row_fast_call_launches_in_kernel_order(fake):
     x, w = FakeArray((4, 6, 128), np.float32, ptr=0x1000), FakeArray((128,), np.float32, ptr=0x2000)
     y = FakeArray((4, 6, 128), np.float32)
     args = (x, w, y, *_rows.shape_args(24, 128), np.float32(0.5))
-    fc = _fast.build(plan.fast_variants(24, 128, 4, args), (x, w), (y,))
+    fc = _fast.build(plan.fast_variants(24, 128, 4, args), (x, w), y)
     out = fc.cupy((x, w))
     assert isinstance(out, FakeArray) and out is not y and out.shape == (4, 6, 128)
     assert fake.launched == [((3, 256, 0, 0x5EA), [0x1000, 0x2000, out.data.ptr, 24, 128, 0.5, 32, 1])]
@@ -122,35 +140,62 @@ def test_row_fast_call_launches_in_kernel_order(fake):
     fc.cupy((FakeArray((4, 6, 128), np.float32, ptr=0x1004), w))  # a row start off 16 bytes
     assert fake.launched[-1][1][-1] == 0
     # a row length the 16-byte path cannot take keeps the scalar path for aligned inputs too
-    fc2 = _fast.build(plan.fast_variants(1, 127, 4, args), (x, w), (y,))
+    fc2 = _fast.build(plan.fast_variants(1, 127, 4, args), (x, w), y)
     fc2.cupy((x, w))
     assert fake.launched[-1][1][-1] == 0
 
 
-def test_work_pieces_are_carved_from_one_allocation_a_call(fake):
+def test_work_pieces_are_carved_from_one_block_kept_for_the_stream(fake):
     q = FakeArray((2, 64), np.float32, ptr=0x1000)
     y = FakeArray((2, 64), np.float32)
     launches = [(FakeFunction(), (5,), (128,), 4096, (q, y, _fast.Work(0), _fast.Work(1), np.int32(3))),
                 (FakeFunction(), (6,), (128,), 0, (_fast.Work(0), _fast.Work(1), y))]
-    fc = _fast.build((None, launches), (q,), (y,), work=(1000, 24))
+    fc = _fast.build((None, launches), (q,), y, work=(1000, 24))
     out = fc.cupy((q,))
     assert fake.allocated == [1024 + 24]  # pieces on 256-byte boundaries
-    assert fake.launched[0] == ((5, 128, 4096, 0x5EA), [0x1000, out.data.ptr, 0x900000, 0x900000 + 1024, 3])
-    assert fake.launched[1] == ((6, 128, 0, 0x5EA), [0x900000, 0x900000 + 1024, out.data.ptr])
-    # no launch list for inputs off 16 bytes: the checked path's turn, nothing allocated
+    w = 0x900000 + 0x100000
+    assert fake.launched[0] == ((5, 128, 4096, 0x5EA), [0x1000, out.data.ptr, w, w + 1024, 3])
+    assert fake.launched[1] == ((6, 128, 0, 0x5EA), [w, w + 1024, out.data.ptr])
+    fc.cupy((q,))  # the next call on the stream: the same workspace (ordered after the first)
+    assert fake.allocated == [1048] and fake.launched[-1][1][:2] == [w, w + 1024]
+    fake.stream.ptr = 0x5EB  # another stream: a workspace of its own
+    fc.cupy((q,))
+    assert len(fake.allocated) == 2 and fake.launched[-1][0][3] == 0x5EB
+    # no launch list for inputs off 16 bytes: the checked path's turn, nothing made
     assert fc.cupy((FakeArray((2, 64), np.float32, ptr=0x1008),)) is None
-    assert len(fake.launched) == 2 and fake.allocated == [1048]
+    assert len(fake.launched) == 6 and len(fake.allocated) == 2
+
+
+def test_an_output_block_is_reused_only_once_nothing_refers_to_it(fake):
+    x = FakeArray((8, 32), np.float32, ptr=0x1000)
+    y = FakeArray((8, 32), np.float32)
+    one = [(FakeFunction(), (1,), (32,), 0, (x, y))]
+    fc = _fast.build((one, one), (x,), y)
+    first = fc.cupy((x,))
+    held = fc.cupy((x,))  # the first is still held: a block of its own
+    assert held.data.ptr != first.data.ptr
+    ptr = held.data.ptr
+    del held
+    again = fc.cupy((x,))  # the block of the dropped one, nothing else on it
+    assert again.data.ptr == ptr and fake.launched[-1][1][1] == ptr
+    view = again.offset_view()  # a view keeps the block's memory in use
+    del again
+    other = fc.cupy((x,))
+    assert other.data.ptr != ptr
+    del view, other
+    fake.stream.ptr = 0x5EB  # a block dropped on another stream is not taken
+    assert fc.cupy((x,)).data.ptr != ptr
 
 
 def test_build_refuses_what_it_cannot_replay(fake):
     x, y = FakeArray((8,), np.float32), FakeArray((8,), np.float32)
     copy = FakeArray((8,), np.float32)
     one = [(FakeFunction(), (1,), (32,), 0, (copy, y))]  # reads an array not among the inputs
-    assert _fast.build((one, one), (x,), (y,)) is None
+    assert _fast.build((one, one), (x,), y) is None
     both = [(FakeFunction(), (1,), (32,), 0, (x, x, y))]  # k is v: a later call may differ
-    assert _fast.build((both, both), (x, x), (y,)) is None
+    assert _fast.build((both, both), (x, x), y) is None
     struct = [(FakeFunction(), (1,), (32,), 0, (x, y, bytes(128)))]  # a tensor map (addresses inside)
-    assert _fast.build((struct, struct), (x,), (y,)) is None
+    assert _fast.build((struct, struct), (x,), y) is None
 
 
 def _spec(sig, x, w=None, *, scale=1.0, flag=False, out=None):
@@ -168,7 +213,7 @@ def _checked_op(seen):
         seen.append(1)
         y = FakeArray(x.shape, x.dtype)
         launches = [(FakeFunction(), (1,), (32,), 0, (x, _fast.Work(0) if w is None else w, y, np.float32(scale)))]
-        fast.offer(lambda: _fast.build((launches, launches), (x, w), (y,), work=(64,)))
+        fast.offer(lambda: _fast.build((launches, launches), (x, w), y, work=(64,)))
         return y
 
     return fast, op
@@ -214,12 +259,13 @@ def test_a_torch_call_files_both_keys(fake):
     assert len(fast.cupy) == 1 and len(fast.torch) == 1
     y = fast.run_torch((FakeTensor((4, 32), np.dtype(np.float32), ptr=0xC000),), {})
     assert isinstance(y, FakeTensor) and len(seen) == 1
-    # the output and the workspace from torch's allocator on the call's device, the launch
-    # on torch's current stream of it
-    assert fake.made == [((4, 32), "torch.float32", 0), (64, "torch.uint8", 0)]
+    # the output from torch.empty and the workspace from torch's caching allocator on the
+    # call's device, given back after the launch on torch's current stream of it
+    assert fake.made == [((4, 32), "torch.float32", 0)]
+    assert fake.raw == [("alloc", 64, 0x7000), ("delete", 0xB00000)]
     (head, slots) = fake.launched[-1]
     # (x, the workspace in place of the absent weight, the output)
-    assert head[3] == 0x7000 and slots[:3] == [0xC000, 0xA00000 + 0x2000, 0xA00000 + 0x1000]
+    assert head[3] == 0x7000 and slots[:3] == [0xC000, 0xB00000, 0xA00000 + 0x1000]
     # another device, other strides: the checked path's turn
     assert fast.run_torch((FakeTensor((4, 32), np.dtype(np.float32), ptr=0xC000, device=1),), {}) is None
     assert fast.run_torch((FakeTensor((4, 32), np.dtype(np.float32), ptr=0xC000, strides=(1, 4)),), {}) is None

@@ -198,6 +198,7 @@ def test_torch_fast_path_runs_on_torchs_current_stream_with_torchs_memory():
     cupyops.rms_norm(x, w)  # checked; the next calls are fast
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
+    kept = []
     with torch.cuda.stream(side):
         for _ in range(2):
             before = torch.cuda.memory_allocated()
@@ -205,10 +206,29 @@ def test_torch_fast_path_runs_on_torchs_current_stream_with_torchs_memory():
             # cupyops' kernel is ordered after it on the same stream
             x.mul_(2.0)
             y = cupyops.rms_norm(x, w)
+            kept.append(y)
             assert torch.cuda.memory_allocated() - before >= y.numel() * y.element_size()
     side.synchronize()
     want = torch.nn.functional.rms_norm(x.float(), (4096,), w.float(), eps=1e-6)
     torch.testing.assert_close(y.float(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_cupy_output_blocks_are_reused_only_once_free():
+    # a fast call keeps its last output block for the next call on the stream, but takes it
+    # only when no array or view refers to it any more
+    x, w = rand((8, 1024), "bfloat16", 30), rand((1024,), "bfloat16", 31)
+    cupyops.rms_norm(x, w)
+    a = cupyops.rms_norm(x, w)
+    want = a.copy()
+    view, ptr = a[1:], a.data.ptr
+    del a
+    b = cupyops.rms_norm(rand((8, 1024), "bfloat16", 32), w)  # other values, same layout
+    assert b.data.ptr != ptr
+    same_bits(view, want[1:], "a view of a dropped result")
+    del view, b
+    for _ in range(3):
+        c = cupyops.rms_norm(x, w)
+        same_bits(c, want, "a result in a reused block")
 
 
 def test_torch_out_tensors_and_bad_input_take_the_checked_path():

@@ -153,10 +153,10 @@ def test_direct_launch_packs_the_parameter_block():
     launch = _launch.DirectLaunch(_FakeFunction(), (7,), (256, 2), 4096,
                                   (A, A, np.int64(-(2**40)), np.int32(1000), np.float32(0.5)),
                                   driver_launch=driver_launch)
-    launch(0x5EA, 0x7000_0000_1000, 0x7000_0000_2010)
+    launch(0x5EA, (0x7000_0000_1000, 0x7000_0000_2010))
     with pytest.raises(ValueError):  # one address short: nothing launched ...
-        launch(0x5EA, 0x30)
-    launch(0x5EB, 0x10, 0x20)  # ... and the block unlocked again; the stream is the call's
+        launch(0x5EA, (0x30,))
+    launch(0x5EB, [0x10, 0x20])  # ... and the block unlocked again; the stream is the call's
     head = (0xF00D, 7, 1, 1, 256, 2, 1, 4096)
     assert calls == [(head + (0x5EA, 0), [0x7000_0000_1000, 0x7000_0000_2010, -(2**40), 1000, 0.5]),
                      (head + (0x5EB, 0), [0x10, 0x20, -(2**40), 1000, 0.5])]
@@ -176,7 +176,7 @@ def test_direct_launch_takes_addresses_between_scalars():
     A = _launch.ADDRESS
     launch = _launch.DirectLaunch(_FakeFunction(), (1,), (32,), 0, (A, np.int32(-3), np.uint64(0), A),
                                   driver_launch=driver_launch)
-    launch(0, 0x1000, 0x2000)
+    launch(0, (0x1000, 0x2000))
     assert read == [(0x1000, -3, 0, 0x2000)]
 
 

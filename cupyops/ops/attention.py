@@ -180,7 +180,7 @@ def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, lay
         _LAUNCHERS[impl].launch(impl, p)
         replay = getattr(_LAUNCHERS[impl], "fast_launches", None)
         if replay and not host and out is None and not return_lse:  # offered to the fast path
-            _FAST.offer(lambda: _fast.build_from_launcher(replay(impl, p), (q, k, v), (y,)))
+            _FAST.offer(lambda: _fast.build_from_launcher(replay(impl, p), (q, k, v), y))
     result = _arrays.finish(y, out, call)
     if not return_lse:
         return result

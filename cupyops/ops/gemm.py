@@ -234,7 +234,7 @@ def _gemm(a, b, c, alpha, beta, ta, tb, out, impl, squeeze, op):
     if op == "matmul" and call is None and out is None and not squeeze and len(problems) == 1 and replay:
         # a plain product of the caller's own operands: offered to the fast path (build()
         # refuses launches that read a copy)
-        _FAST.offer(lambda: _fast.build_from_launcher(replay(impl, problems[0]), (a, b), (y,)))
+        _FAST.offer(lambda: _fast.build_from_launcher(replay(impl, problems[0]), (a, b), y))
     return _arrays.finish(y, out, call)
 
 

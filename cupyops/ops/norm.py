@@ -144,4 +144,4 @@ def _norm_rows(op, impl, dt, xd, wd, bd, y, mean, rstd, rows, n, eps, remember=F
     plan.launch(rows, args, aligned)
     if remember:
         inputs = (xd, wd, bd) if op == "layer_norm" else (xd, wd)
-        _FAST[op].offer(lambda: _fast.build(plan.fast_variants(rows, n, xd.itemsize, args), inputs, (y,)))
+        _FAST[op].offer(lambda: _fast.build(plan.fast_variants(rows, n, xd.itemsize, args), inputs, y))

@@ -197,7 +197,7 @@ def _reduce(op, x, axis, dtype, out, keepdims, impl):
     if nd == 0 or axes == tuple(range(nd - len(axes), nd)):  # trailing axes: rows
         variants = _rows(op, impl, xd, y, y.size, n_red, din, dout)
         if variants is not None and xd is x and out is None:  # one launch on the caller's array
-            _FAST[op].offer(lambda: _fast.build(variants(), (x,), (y,)))
+            _FAST[op].offer(lambda: _fast.build(variants(), (x,), y))
     elif len(axes) == 1:
         a = axes[0]
         outer = int(np.prod(shape[:a], dtype=np.int64))

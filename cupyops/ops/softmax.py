@@ -67,8 +67,7 @@ def softmax(x, axis=-1, out=None, *, impl="auto"):
             args = softmax_rows(impl, xd, y, dt)
             if xd is x and out is None:  # the caller's own array was read: remember the call
                 rows, n = x.size // x.shape[-1], x.shape[-1]
-                _FAST.offer(lambda: _fast.build(_plan(impl, n, dt).fast_variants(rows, n, x.itemsize, args),
-                                                (x,), (y,)))
+                _FAST.offer(lambda: _fast.build(_plan(impl, n, dt).fast_variants(rows, n, x.itemsize, args), (x,), y))
         else:
             xt = cp.ascontiguousarray(cp.moveaxis(xd, axis, -1))
             yt = cp.empty_like(xt)
