@@ -231,6 +231,16 @@ template <int R> __device__ __forceinline__ void fence_regs(unsigned (&d)[R]) {
     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
     "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
     "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define CUOPS_ACC40_REGS \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+    "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39}"
+#define CUOPS_ACC40_OUTS \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
 #define CUOPS_ACC64_REGS \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
     "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
@@ -321,6 +331,12 @@ template <int R> __device__ __forceinline__ void fence_regs(unsigned (&d)[R]) {
                  ", %32, %33, p, 1, 1" IMMEDIATES ";\n}\n"                                          \
                  : CUOPS_ACC32_OUTS                                                              \
                  : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0))
+#define CUOPS_WGMMA_M64N80(KIND, IMMEDIATES)                                                 \
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %42, 0;\n\t"                                  \
+                 "wgmma.mma_async.sync.aligned.m64n80" KIND " " CUOPS_ACC40_REGS                       \
+                 ", %40, %41, p, 1, 1" IMMEDIATES ";\n}\n"                                          \
+                 : CUOPS_ACC40_OUTS                                                              \
+                 : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0))
 #define CUOPS_WGMMA_M64N128(KIND, IMMEDIATES)                                                \
     asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %66, 0;\n\t"                                  \
                  "wgmma.mma_async.sync.aligned.m64n128" KIND " " CUOPS_ACC64_REGS                      \
@@ -346,18 +362,21 @@ template <int R> __device__ __forceinline__ void fence_regs(unsigned (&d)[R]) {
                  : CUOPS_ACC128_OUTS                                                              \
                  : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0))
 
-// d (+)= A * B for a 64 x N x 16 step of a warpgroup (N = 64, 128, 176, 192 or 256: N / 2
+// d (+)= A * B for a 64 x N x 16 step of a warpgroup (N = 64, 80, 128, 176, 192 or 256: N / 2
 // accumulators a thread): T is __half or __nv_bfloat16, A and B in shared memory
 // (descriptors da, db); TRANS_A: A is M-major (stored K x M), TRANS_B: B is N-major (stored
 // K x N); accumulate false: d = A * B.
 template <int N, typename T, bool TRANS_A, bool TRANS_B>
 __device__ __forceinline__ void wgmma_m64nNk16(float (&d)[N / 2], u64 da, u64 db, bool accumulate) {
-    static_assert(N == 64 || N == 128 || N == 176 || N == 192 || N == 256,
-                  "wgmma_m64nNk16: N of 64, 128, 176, 192 or 256");
+    static_assert(N == 64 || N == 80 || N == 128 || N == 176 || N == 192 || N == 256,
+                  "wgmma_m64nNk16: N of 64, 80, 128, 176, 192 or 256");
     constexpr bool F16 = IsF16<T>::value;
     if constexpr (N == 64) {
         if constexpr (F16) CUOPS_WGMMA_M64N64("k16.f32.f16.f16", ", %35, %36");
         else CUOPS_WGMMA_M64N64("k16.f32.bf16.bf16", ", %35, %36");
+    } else if constexpr (N == 80) {
+        if constexpr (F16) CUOPS_WGMMA_M64N80("k16.f32.f16.f16", ", %43, %44");
+        else CUOPS_WGMMA_M64N80("k16.f32.bf16.bf16", ", %43, %44");
     } else if constexpr (N == 128) {
         if constexpr (F16) CUOPS_WGMMA_M64N128("k16.f32.f16.f16", ", %67, %68");
         else CUOPS_WGMMA_M64N128("k16.f32.bf16.bf16", ", %67, %68");
@@ -385,6 +404,7 @@ __device__ __forceinline__ void wgmma_m64nNk32_e4m3(float (&d)[N / 2], u64 da, u
     else CUOPS_WGMMA_M64N256("k32.f32.e4m3.e4m3", "");
 }
 #undef CUOPS_WGMMA_M64N64
+#undef CUOPS_WGMMA_M64N80
 #undef CUOPS_WGMMA_M64N128
 #undef CUOPS_WGMMA_M64N176
 #undef CUOPS_WGMMA_M64N192
@@ -442,6 +462,8 @@ __device__ __forceinline__ void wgmma_m64nNk16_rs(float (&d)[N / 2], const unsig
 #undef CUOPS_WGMMA_RS_M64N256
 #undef CUOPS_ACC32_REGS
 #undef CUOPS_ACC32_OUTS
+#undef CUOPS_ACC40_REGS
+#undef CUOPS_ACC40_OUTS
 #undef CUOPS_ACC64_REGS
 #undef CUOPS_ACC64_OUTS
 #undef CUOPS_ACC88_REGS

@@ -43,7 +43,8 @@ SERIAL, OVERLAP, PINGPONG = 0, 1, 2  # the consumers' schedule (the kernel's SCH
 CONFIGS = {
     64: {"c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False),
          "c128s2o": (128, 2, OVERLAP, False), "c128s2": (128, 2, SERIAL, False),
-         "c128s4p_pg": (128, 4, PINGPONG, True)},
+         "c128s4p_pg": (128, 4, PINGPONG, True), "c192s2p_pg": (192, 2, PINGPONG, True),
+         "c192s2p": (192, 2, PINGPONG, False)},
     # head_dim 96 is held as 128 (the kernel's DPAD)
     96: {"c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False)},
     128: {"c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False),
@@ -51,7 +52,7 @@ CONFIGS = {
           "c128s3p_pg": (128, 3, PINGPONG, True), "c176s2p_pg": (176, 2, PINGPONG, True),
           "c176s2p": (176, 2, PINGPONG, False)},
     256: {"c64s2p_pg": (64, 2, PINGPONG, True), "c64s2p": (64, 2, PINGPONG, False),
-          "c64s2o": (64, 2, OVERLAP, False)},
+          "c64s2o": (64, 2, OVERLAP, False), "c80s2p_pg": (80, 2, PINGPONG, True), "c80s2p": (80, 2, PINGPONG, False)},
 }
 MAX_WORK_TILES = 2**31 - 1  # the kernel counts work tiles in an int (and a grid's x extent)
 # The default under a causal mask (the first of CONFIGS otherwise): one block a work tile.
