@@ -47,8 +47,8 @@ CUPY_ARRAY = None  # cupy.ndarray
 TORCH_TENSORS = frozenset()  # the torch types whose layout a key may describe
 _get_device = None  # cupy.cuda.runtime.getDevice
 _cupy_alloc = None  # cupy.cuda.alloc
-_cupy_stream = None  # cupy.cuda.get_current_stream
-_torch_empty = None
+_cupy_stream = None  # the address of CuPy's current stream
+_torch_empty = _torch_empty_like = None
 _torch_raw_alloc = _torch_raw_delete = None  # torch's caching allocator, block by address
 raw_stream = None  # torch's current stream of a device, as an address (torch_loaded)
 TORCH_DTYPES = {}  # NumPy dtype -> torch dtype, for the dtypes the operators return
@@ -56,13 +56,16 @@ TORCH_DTYPES = {}  # NumPy dtype -> torch dtype, for the dtypes the operators re
 
 def cupy_loaded(cupy):
     global CUPY_ARRAY, _get_device, _cupy_alloc, _cupy_stream
-    _get_device, _cupy_alloc, _cupy_stream = cupy.cuda.runtime.getDevice, cupy.cuda.alloc, cupy.cuda.get_current_stream
+    _get_device, _cupy_alloc = cupy.cuda.runtime.getDevice, cupy.cuda.alloc
+    # (the address alone, where CuPy exports the query: no Stream object looked up)
+    _cupy_stream = getattr(cupy.cuda.stream, "get_current_stream_ptr", None) or (
+        lambda: cupy.cuda.get_current_stream().ptr)
     CUPY_ARRAY = cupy.ndarray
 
 
 def torch_loaded(torch):
     """Bind what the torch side of a FastCall uses (once a torch tensor has been seen)."""
-    global TORCH_TENSORS, _torch_empty, _torch_raw_alloc, _torch_raw_delete, raw_stream
+    global TORCH_TENSORS, _torch_empty, _torch_empty_like, _torch_raw_alloc, _torch_raw_delete, raw_stream
     if _torch_empty is not None:
         return
     from . import _dtypes
@@ -74,7 +77,7 @@ def torch_loaded(torch):
     # device queries; the raw query is one C call)
     query = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     raw_stream = query if query is not None else (lambda i: torch.cuda.current_stream(i).cuda_stream)
-    _torch_empty = torch.empty
+    _torch_empty, _torch_empty_like = torch.empty, torch.empty_like
     # (what torch.cuda.caching_allocator_alloc/delete call, less their Python device and
     # stream lookups; a block on a capturing stream comes from the capture's pool)
     _torch_raw_alloc = torch._C._cuda_cudaCachingAllocator_raw_alloc
@@ -197,6 +200,8 @@ def build_from_launcher(launches, inputs, output):
     return build((lists, lists), inputs, output, work)
 
 
+_LIKE_FIRST, _NEW_OF_FIRST = "empty_like(first)", "first.new_empty(shape)"  # torch output forms
+
 # A CuPy FastCall keeps its last output block and its workspace for the next call on the
 # same stream: CuPy's pool costs about as much host time per allocation and free as the
 # kernel launch (a fifth of a decode call). The workspace never leaves the call, so the next
@@ -207,11 +212,14 @@ def build_from_launcher(launches, inputs, output):
 # capture and streams see the same rules. Blocks above KEEP_BYTES go back to the pool.
 KEEP_BYTES = 4 << 20
 _FREE_REFS = None  # the reference counts _block_refs finds on a block nothing else holds
+_refs = sys.getrefcount
 
 
 def _block_refs(kept):
+    """The reference counts FastCall.cupy reads on its kept output block (the same
+    expressions, so that a free block reads as _FREE_REFS)."""
     block = kept[0]
-    return sys.getrefcount(block), sys.getrefcount(block.mem)
+    return _refs(block), _refs(block.mem)
 
 
 def _free_refs():
@@ -228,7 +236,7 @@ class FastCall:
         self._shape, self._dtype = output  # of the result
         self._work, self._work_bytes = _offsets(work) if work else ((), 0)
         self.device = device
-        self._torch_dtype = None
+        self._torch_like = None  # _torch_output_form
         self._keep_output = self._dtype.itemsize * int(np.prod(self._shape)) <= KEEP_BYTES
         self._keep_work = self._work_bytes <= KEEP_BYTES
         self._kept = [None, None]  # CuPy: the last output block, the workspace
@@ -245,15 +253,17 @@ class FastCall:
         launches = self._variants[not bits & 15]
         if launches is None:
             return None
-        stream = _cupy_stream().ptr
+        stream = _cupy_stream()
         kept = self._kept
         self._acquire()
         try:
             if self._kept_stream != stream:
                 kept[0] = kept[1] = None
                 self._kept_stream = stream
-            if kept[0] is not None and _block_refs(kept) == (_FREE_REFS or _free_refs()):
-                y = CUPY_ARRAY(self._shape, self._dtype, kept[0])
+            block = kept[0]
+            free = _FREE_REFS or _free_refs()
+            if block is not None and _refs(block) == free[0] and _refs(block.mem) == free[1]:
+                y = CUPY_ARRAY(self._shape, self._dtype, block)
             else:
                 y = CUPY_ARRAY(self._shape, self._dtype)  # (ndarray: cp.empty less a call)
                 if self._keep_output:
@@ -288,24 +298,40 @@ class FastCall:
         launches = self._variants[not bits & 15]
         if launches is None:
             return None
-        dtype = self._torch_dtype
-        if dtype is None:
-            dtype = self._torch_dtype = TORCH_DTYPES[self._dtype]
-        y = _torch_empty(self._shape, dtype=dtype, device=dev)
+        like = self._torch_like
+        if like is None:
+            like = self._torch_like = self._torch_output_form(tensors)
+        if like is _LIKE_FIRST:  # (the argument parsing of torch.empty costs more than the rest)
+            y = _torch_empty_like(tensors[0])
+        elif like is _NEW_OF_FIRST:
+            y = tensors[0].new_empty(self._shape)
+        else:
+            y = _torch_empty(self._shape, dtype=like, device=dev)
         addrs.append(y.data_ptr())
         stream = raw_stream(dev)
-        if not self._work_bytes:
-            for launch, pick in launches:
-                launch(stream, pick(addrs))
-            return y
-        base = _torch_raw_alloc(self._work_bytes, stream)
+        base = _torch_raw_alloc(self._work_bytes, stream) if self._work_bytes else 0
+        self._acquire()
         try:
-            addrs += [base + off for off in self._work]
+            if base:
+                addrs += [base + off for off in self._work]
             for launch, pick in launches:
                 launch(stream, pick(addrs))
         finally:
-            _torch_raw_delete(base)
+            self._release()
+            if base:
+                _torch_raw_delete(base)
         return y
+
+    def _torch_output_form(self, tensors):
+        """How a torch call makes its output, the cheapest form that gives it: like the
+        first input (same shape and dtype, C-contiguous: the key fixes its strides), a new
+        tensor of the first input's dtype, or the torch dtype for torch.empty."""
+        first, dtype = tensors[0], TORCH_DTYPES[self._dtype]
+        if first is None or first.dtype != dtype:
+            return dtype
+        if tuple(first.shape) == self._shape and first.is_contiguous():
+            return _LIKE_FIRST
+        return _NEW_OF_FIRST
 
 
 class FastCalls:

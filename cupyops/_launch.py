@@ -6,7 +6,6 @@ tier tests them without a GPU.
 import ctypes
 import dataclasses
 import functools
-import threading
 
 import numpy as np
 
@@ -286,9 +285,10 @@ class DirectLaunch:
     ``fn``: a ``cupy.RawKernel`` (or its ``cupy.cuda.function.Function``); ``args``: the
     kernel's arguments in order, each ``ADDRESS`` (a device address a call passes, in a
     sequence in the order of these slots) or a NumPy scalar, whose dtype gives the C type (as CuPy's own
-    launch does). Calls from several threads are serialised around the parameter block
-    (the driver reads it during the launch, with the GIL released). ``driver_launch``
-    stands in for CuPy's (the CPU tier checks the packing through it)."""
+    launch does). Its caller serialises calls from several threads (the driver reads the
+    parameter block during the launch, with the GIL released): a FastCall holds its lock
+    around its launches. ``driver_launch`` stands in for CuPy's (the CPU tier checks the
+    packing through it)."""
 
     def __init__(self, fn, grid, block, smem, args, *, driver_launch=None):
         if driver_launch is None:
@@ -311,17 +311,11 @@ class DirectLaunch:
         self._params = (ctypes.c_void_p * len(slots))(*slots)
         self._params_ptr = ctypes.addressof(self._params)
         self._launch = driver_launch
-        lock = threading.Lock()
-        self._acquire, self._release = lock.acquire, lock.release
 
     def __call__(self, stream, addresses):
-        # (every line here is paid per call: bound methods kept, no with-block, one slice store)
-        self._acquire()
-        try:
-            self._addresses[:] = addresses
-            self._launch(*self._head, stream, self._params_ptr, 0)
-        finally:
-            self._release()
+        # (every line here is paid per call: one slice store, one driver call)
+        self._addresses[:] = addresses
+        self._launch(*self._head, stream, self._params_ptr, 0)
 
 
 # ------------------------------------------------------------------ rows held in registers

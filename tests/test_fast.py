@@ -64,6 +64,12 @@ class FakeTensor:
     def stride(self):
         return self._strides
 
+    def is_contiguous(self):
+        return self._strides == self._c(self.shape)
+
+    def new_empty(self, shape):
+        return FakeTensor(shape, self.dtype, 0xD00000)
+
     def get_device(self):
         return self._device
 
@@ -102,7 +108,7 @@ def fake(monkeypatch):
     stream = types.SimpleNamespace(ptr=0x5EA)
     monkeypatch.setattr(_fast, "CUPY_ARRAY", FakeArray)
     monkeypatch.setattr(_fast, "_cupy_alloc", cupy_alloc)
-    monkeypatch.setattr(_fast, "_cupy_stream", lambda: stream)
+    monkeypatch.setattr(_fast, "_cupy_stream", lambda: stream.ptr)
     monkeypatch.setattr(_fast, "_get_device", lambda: 0)
     monkeypatch.setattr(_fast, "_FREE_REFS", _fast._block_refs([FakeMemoryPointer()]))
     made, raw = [], []
@@ -118,6 +124,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(_fast, "TORCH_TENSORS", frozenset({FakeTensor}))
     monkeypatch.setattr(_fast, "TORCH_DTYPES", {np.dtype(np.float32): "torch.float32"})
     monkeypatch.setattr(_fast, "_torch_empty", torch_empty)
+    monkeypatch.setattr(_fast, "_torch_empty_like", lambda t: FakeTensor(t.shape, t.dtype, 0xC00000))
     monkeypatch.setattr(_fast, "_torch_raw_alloc", raw_alloc)
     monkeypatch.setattr(_fast, "_torch_raw_delete", lambda ptr: raw.append(("delete", ptr)))
     monkeypatch.setattr(_fast, "raw_stream", lambda device: 0x7000 + device)
@@ -290,3 +297,21 @@ def test_an_offer_is_filed_only_for_its_own_call(fake):
     fast.offer(lambda: pytest.fail("a stale offer was built"))
     fast.checked(lambda *a, **k: FakeArray((4, 32), np.float32), (x,), {})
     assert not fast.cupy
+
+
+def test_a_torch_output_takes_the_cheapest_form_that_gives_it(fake):
+    # like the first input (same shape and dtype, contiguous), else a new tensor of its
+    # dtype, else torch.empty with the dtype
+    def run(shape, out_shape, strides=None, dtype=np.float32):
+        x = FakeArray(shape, dtype, ptr=0x1000)
+        y = FakeArray(out_shape, np.float32)
+        one = [(FakeFunction(), (1,), (32,), 0, (x, y))]
+        fc = _fast.build((one, one), (x,), y)
+        t = FakeTensor(shape, "torch.float32" if dtype == np.float32 else "torch.float64", 0x2000, strides=strides)
+        return fc.torch((t,))._ptr
+
+    assert run((4, 32), (4, 32)) == 0xC00000  # empty_like
+    assert run((4, 32), (4,)) == 0xD00000  # first.new_empty(shape)
+    assert run((4, 32), (4, 32), strides=(1, 4)) == 0xD00000  # not contiguous: new_empty
+    assert run((4, 32), (4, 32), dtype=np.float64) == 0xA00000 + 0x1000  # another dtype: torch.empty
+    assert fake.made == [((4, 32), "torch.float32", 0)]

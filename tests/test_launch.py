@@ -156,7 +156,7 @@ def test_direct_launch_packs_the_parameter_block():
     launch(0x5EA, (0x7000_0000_1000, 0x7000_0000_2010))
     with pytest.raises(ValueError):  # one address short: nothing launched ...
         launch(0x5EA, (0x30,))
-    launch(0x5EB, [0x10, 0x20])  # ... and the block unlocked again; the stream is the call's
+    launch(0x5EB, [0x10, 0x20])  # ... and the next call launches; the stream is the call's
     head = (0xF00D, 7, 1, 1, 256, 2, 1, 4096)
     assert calls == [(head + (0x5EA, 0), [0x7000_0000_1000, 0x7000_0000_2010, -(2**40), 1000, 0.5]),
                      (head + (0x5EB, 0), [0x10, 0x20, -(2**40), 1000, 0.5])]
