@@ -16,9 +16,11 @@ whether the input addresses are 16-byte aligned, for the kernels that take a 16-
 Two kinds of device array take it:
 
 - CuPy arrays: outputs and workspace from CuPy's current allocator, launches on CuPy's
-  current stream (so ``with stream:`` and CuPy's stream capture see them).
+  current stream (so ``with stream:`` and CuPy's stream capture see them); a FastCall
+  keeps its last blocks for its next call on the same stream (see KEEP_BYTES).
 - CUDA torch tensors (``torch.Tensor``, ``nn.Parameter``): outputs and workspace from
-  torch's caching allocator (``torch.empty`` on the tensor's device: under
+  torch's caching allocator (``torch.empty_like`` / ``new_empty`` / ``torch.empty`` and
+  its raw block calls, on the tensor's device and torch's current stream: under
   ``torch.cuda.graph`` they come from the graph's pool), launches on torch's current stream
   of that device, results as torch tensors. No CuPy array is made. Tensors that require
   grad are read as detached, as on the checked path.
