@@ -234,7 +234,10 @@ def _best_baseline(impls):
 def _target_cell(run, ratio, rung, tgt, label, versus, misses):
     """The target column of one attention row (``ratio`` of ``rung`` against ``versus``),
     appending to ``misses`` when the rung did not run or its ratio is under the target; a
-    ratio missing because the baseline did not run is "n/a", not a miss."""
+    ratio missing because the baseline did not run, or a rung the benchmark skipped (it
+    refused the case, or the slow-rung rule left it out), is "n/a", not a miss."""
+    if run is not None and run.get("status") == "skipped":  # the rung refused the case (flash at head_dim 256)
+        return f"{tgt:.2f} n/a ({rung}: skipped)"
     if run is None or run.get("status") != "ok":
         misses.append(f"{label} did not run")
         return f"{tgt:.2f} **miss** ({rung}: {run.get('status') if run else 'not run'})"

@@ -1063,6 +1063,16 @@ def test_summarize_flash3_and_chunked_prefill(tmp_path):
     assert "chunked prefill flash3 bfloat16 B4xHq16xHkv16xSq1024xSkv8192xD128: 293.3 TFLOP/s, 0.80x the 366.7" in out
     assert "(target 0.9) **miss**" in out
     assert "attention chunked prefill flash3 bfloat16" in out and "attention bfloat16 " in out
+    # a rung the benchmark skipped (it refused the case: flash at head_dim 256) is not a miss
+    d256 = "B2xHq8xHkv8xSq4096xSkv4096xD256"
+    rows = [dict(r, shape=d256, ms=None if r["impl"] == "flash" else r["ms"],
+                 status="skipped" if r["impl"] == "flash" else r["status"])
+            for r in report.finalize(attention_rows(), copy_gbps=3000.0) if r["shape"].startswith("B4x")]
+    path.write_text(report.to_json(dict(meta(), results=rows), rows))
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "summarize.py"), str(path)],
+                         capture_output=True, text=True, cwd=ROOT).stdout
+    assert f"| bfloat16 | {d256} | none | - | - | 1.00 n/a (flash: skipped) |" in out
+    assert "flash bfloat16" not in out.splitlines()[-1]
 
 
 # ------------------------------------------------------------------------ matmul layouts

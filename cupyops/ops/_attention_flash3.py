@@ -41,18 +41,19 @@ SERIAL, OVERLAP, PINGPONG = 0, 1, 2  # the consumers' schedule (the kernel's SCH
 # one-block-a-tile forms stay as the ladder inside the rung (benchmarks/attention_sweep.py
 # times each; NOTES has what each bought).
 CONFIGS = {
-    64: {"c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False),
+    64: {"c192s2p_pg": (192, 2, PINGPONG, True), "c192s2p": (192, 2, PINGPONG, False),
+         "c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False),
          "c128s2o": (128, 2, OVERLAP, False), "c128s2": (128, 2, SERIAL, False),
-         "c128s4p_pg": (128, 4, PINGPONG, True), "c192s2p_pg": (192, 2, PINGPONG, True),
-         "c192s2p": (192, 2, PINGPONG, False)},
+         "c128s4p_pg": (128, 4, PINGPONG, True)},
     # head_dim 96 is held as 128 (the kernel's DPAD)
     96: {"c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False)},
     128: {"c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False),
           "c128s2o": (128, 2, OVERLAP, False), "c128s2": (128, 2, SERIAL, False),
           "c128s3p_pg": (128, 3, PINGPONG, True), "c176s2p_pg": (176, 2, PINGPONG, True),
           "c176s2p": (176, 2, PINGPONG, False)},
-    256: {"c64s2p_pg": (64, 2, PINGPONG, True), "c64s2p": (64, 2, PINGPONG, False),
-          "c64s2o": (64, 2, OVERLAP, False), "c80s2p_pg": (80, 2, PINGPONG, True), "c80s2p": (80, 2, PINGPONG, False)},
+    256: {"c80s2p_pg": (80, 2, PINGPONG, True), "c80s2p": (80, 2, PINGPONG, False),
+          "c64s2p_pg": (64, 2, PINGPONG, True), "c64s2p": (64, 2, PINGPONG, False),
+          "c64s2o": (64, 2, OVERLAP, False)},
 }
 MAX_WORK_TILES = 2**31 - 1  # the kernel counts work tiles in an int (and a grid's x extent)
 # The default under a causal mask (the first of CONFIGS otherwise): one block a work tile.
@@ -60,7 +61,11 @@ MAX_WORK_TILES = 2**31 - 1  # the kernel counts work tiles in an int (and a grid
 # in length up to the sequence's tiles, and the persistent grid's fixed round robin left
 # SMs idle at the end (0.87-0.90x cuDNN against 0.96-1.05x with the hardware handing out
 # blocks as SMs free up); without a mask the persistent grid was 0.5-1 % faster.
-CAUSAL_CONFIG = {64: "c128s2p", 96: "c128s2p", 128: "c128s2p", 256: "c64s2p"}
+CAUSAL_CONFIG = {64: "c192s2p", 96: "c128s2p", 128: "c128s2p", 256: "c80s2p"}
+# Key tiles: 192 at head_dim 64 and 80 at 256 (FlashAttention-3's choices there) measured
+# (bf16, H100, results/h100-attention-flash3-sweep-tiles.txt) against 128 and 64: head_dim 64
+# 0.92x cuDNN against 0.87x without a mask, 0.86x against 0.84x causal; head_dim 256 0.98x
+# against 0.94x, 1.10x against 1.05x.
 # Without a mask, head_dim 128 takes key tiles of 176 (FlashAttention-3's choice) from this
 # many keys: measured (bf16, H100) 0.8 % faster at 4096 and 2.5 % at 16384 than tiles of
 # 128, 2.4 % slower at 1024, where the 6 tiles of 176 round 1024 keys up to 1056.
