@@ -75,7 +75,7 @@ template <int D, int BC> struct Layout {
     static_assert(BC % 16 == 0 && BC <= 256, "attention_flash3: key tiles of whole k16 steps, at most a box");
     static constexpr int DP = (D + 63) / 64;  // 64-wide pieces of head_dim (96: the second half reads as zeros)
     static constexpr int DPAD = 64 * DP;       // head_dim as the tiles and O's accumulators hold it
-    static constexpr unsigned Q_BYTES = BR * DPAD * 2, K_BYTES = BC * DPAD * 2, V_BYTES = BC * DPAD * 2;
+    static constexpr unsigned Q_BYTES = BR * DPAD * 2, KV_BYTES = BC * DPAD * 2;  // Q; a K or a V tile
     static constexpr unsigned KV_PIECE = BC * 128;  // a 64-wide slice of head_dim of all BC keys (K and V)
 };
 
@@ -125,7 +125,7 @@ template <typename T, int HD, int BC, int STAGES> struct Consumer {
 
     // S = Q K_j^T issued (not waited for).
     __device__ __forceinline__ void issue_s(float (&s)[BC / 2], int j) {
-        const unsigned kst = k_ring + Pipeline<STAGES>::stage(j) * L::K_BYTES;
+        const unsigned kst = k_ring + Pipeline<STAGES>::stage(j) * L::KV_BYTES;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk)  // (head_dim 96: the zeros past it are not multiplied)
@@ -137,7 +137,7 @@ template <typename T, int HD, int BC, int STAGES> struct Consumer {
 
     // O += P V_j issued (not waited for); P in registers, 16 keys a fragment.
     __device__ __forceinline__ void issue_pv(unsigned (&pa)[BC / 16][4], int j) {
-        const unsigned vst = v_ring + Pipeline<STAGES>::stage(j) * L::V_BYTES;
+        const unsigned vst = v_ring + Pipeline<STAGES>::stage(j) * L::KV_BYTES;
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);  // (the packing stays above the fence)
         fence_regs(o);
@@ -218,8 +218,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     static_assert(SCHED == SERIAL || SCHED == OVERLAP || SCHED == PINGPONG, "attention_flash3: SCHED");
     extern __shared__ unsigned char smem_raw[];
     const unsigned q_smem = ring_base(smem_raw);
-    const unsigned k_ring = q_smem + L::Q_BYTES, v_ring = k_ring + STAGES * L::K_BYTES;
-    const Pipeline<STAGES> kpipe{v_ring + STAGES * L::V_BYTES};
+    const unsigned k_ring = q_smem + L::Q_BYTES, v_ring = k_ring + STAGES * L::KV_BYTES;
+    const Pipeline<STAGES> kpipe{v_ring + STAGES * L::KV_BYTES};
     const Pipeline<STAGES> vpipe{kpipe.base + Pipeline<STAGES>::BYTES};
     const Pipeline<1> qpipe{vpipe.base + Pipeline<STAGES>::BYTES};  // Q: one buffer, refilled a work tile
     if (threadIdx.x == 0) {
@@ -250,19 +250,19 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                         tma_load_4d(q_smem + (w * L::DP + p) * PIECE, &mapQ, 64 * p, q0 + 64 * w, h, b,
                                     qpipe.full(q_it).addr);
                 ++q_it;
+                // K or V tile j (keys [j * BC, j * BC + BC)) into its ring: a box of (64
+                // head_dim, BC keys) a head_dim slice
+                auto load_tile = [&](const Pipeline<STAGES>& pipe, unsigned ring, const TmaMap* map, int j) {
+                    pipe.producer_acquire(kv);
+                    pipe.producer_expect(kv, L::KV_BYTES);
+                    const unsigned st = ring + pipe.stage(kv) * L::KV_BYTES;
+#pragma unroll
+                    for (int p = 0; p < L::DP; ++p)
+                        tma_load_4d(st + p * L::KV_PIECE, map, 64 * p, j * BC, hk, b, pipe.full(kv).addr);
+                };
                 for (int j = 0; j < tiles; ++j, ++kv) {
-                    kpipe.producer_acquire(kv);
-                    kpipe.producer_expect(kv, L::K_BYTES);
-                    const unsigned kst = k_ring + kpipe.stage(kv) * L::K_BYTES;
-#pragma unroll
-                    for (int p = 0; p < L::DP; ++p)
-                        tma_load_4d(kst + p * L::KV_PIECE, &mapK, 64 * p, j * BC, hk, b, kpipe.full(kv).addr);
-                    vpipe.producer_acquire(kv);
-                    vpipe.producer_expect(kv, L::V_BYTES);
-                    const unsigned vst = v_ring + vpipe.stage(kv) * L::V_BYTES;
-#pragma unroll
-                    for (int p = 0; p < L::DP; ++p)
-                        tma_load_4d(vst + p * L::KV_PIECE, &mapV, 64 * p, j * BC, hk, b, vpipe.full(kv).addr);
+                    load_tile(kpipe, k_ring, &mapK, j);
+                    load_tile(vpipe, v_ring, &mapV, j);
                 }
             }
         }
