@@ -54,8 +54,9 @@
 //   tiles, WorkTiles); dynamic shared memory 128 * DPAD * 2 + STAGES * 2 * BC * DPAD * 2 +
 //   1 KB (alignment) + 32 * STAGES + 16 (DPAD: D rounded up to 64). Tensor maps of Q, K, V:
 //   4-D (D, rows, heads, batch) of 16-bit elements with the 128-byte swizzle, boxes (64,
-//   64, 1, 1) for Q, (64, BC, 1, 1) for K and V. Needs 16-byte aligned tensors with strides that are multiples of 16 bytes
-//   (the launcher checks). head_group: WorkTiles' group.
+//   64, 1, 1) for Q, (64, BC, 1, 1) for K and V. Needs 16-byte aligned tensors with
+//   strides that are multiples of 16 bytes (the launcher checks). head_group: WorkTiles'
+//   group.
 #include "attention_common.cuh"
 #include "gemm_sm90.cuh"
 
@@ -64,7 +65,7 @@ using namespace cuops::sm90;
 
 namespace fa3 {
 
-constexpr int BR = 128;  // query rows of a block: 64 a consumer warpgroup
+constexpr int BR = 128;  // query rows of a work tile: 64 a consumer warpgroup
 constexpr unsigned PIECE = 8192;  // 64 rows x 128 bytes
 enum Sched { SERIAL = 0, OVERLAP = 1, PINGPONG = 2 };
 // Named barriers 1 and 2: "consumer warpgroup 0 (1) may issue its wgmmas" (PINGPONG).
@@ -91,7 +92,8 @@ __device__ __forceinline__ int kv_tiles(int q0, int Sq, int Skv, int causal, int
 // an SM, or one block a tile). Heads (h + Hq * b) go in groups of `group`, chosen so that a
 // group's K and V stay in L2 while its tiles run; inside a group the query tiles go longest
 // first under a causal mask (the last query tile sees every key), each for every head of
-// the group before the next, so the blocks finish together.
+// the group before the next. (A persistent grid's fixed round robin still leaves SMs idle
+// at the end of a causal launch, NOTES 72: the launcher gives those one block a tile.)
 struct WorkTiles {
     int qtiles, Hq, B, group;
     bool causal;
