@@ -59,6 +59,17 @@ def available():
     return _encoder() is not None
 
 
+def sm90a_reason(kernels, props, what):
+    """Why this GPU (``props``: _launch.DeviceProps) cannot run ``what``, the sm_90a
+    kernels of KernelFile ``kernels`` (wgmma and tensor copies), or None when it can. The
+    one wording of the Hopper rungs' refusal."""
+    if not kernels.runs_on(props.cc):
+        return f"{what} runs on compute capability 9.0 GPUs (H100, H200) alone; this is {props.name} (sm_{props.cc})"
+    if not available():
+        return f"{what} needs the driver's cuTensorMapEncodeTiled (libcuda), which is not available"
+    return None
+
+
 @functools.lru_cache(maxsize=1024)
 def encode_tiled(address, dims, strides, box, swizzle=SWIZZLE_128B, data_type=DATA_UINT16):
     """The tensor map of the array at device ``address`` with extents ``dims`` (elements,

@@ -89,3 +89,19 @@ def test_tensor_maps_describe_both_layouts():
     assert all(s > 0 and s % 16 == 0 for s in strides)
     assert W.map_spec((1 << 20) + 2, (S * H * D, H * D, D), S, H, B, D, 64) is None  # misaligned start
     assert W.map_spec(1 << 20, (S * H * D, H * D + 4, D), S, H, B, D, 64) is None  # row stride of 8 bytes more
+
+
+def test_refusal_off_sm90_names_the_gpu(monkeypatch):
+    import types
+
+    from cupyops import _tma
+
+    a100 = types.SimpleNamespace(cc=80, name="NVIDIA A100-SXM4-80GB")
+    why = _tma.sm90a_reason(W.KERNELS, a100, "'flash3'")
+    assert why == "'flash3' runs on compute capability 9.0 GPUs (H100, H200) alone; this is NVIDIA A100-SXM4-80GB (sm_80)"
+    assert not W.runs_here(a100)
+    h100 = types.SimpleNamespace(cc=90, name="NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(_tma, "available", lambda: False)  # a driver without the tensor-map encoder
+    assert "cuTensorMapEncodeTiled" in _tma.sm90a_reason(W.KERNELS, h100, "'flash3'")
+    monkeypatch.setattr(_tma, "available", lambda: True)
+    assert _tma.sm90a_reason(W.KERNELS, h100, "'flash3'") is None and W.runs_here(h100)

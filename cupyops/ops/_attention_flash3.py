@@ -176,7 +176,8 @@ def plan(p, config=None, sm_count=132):
 
 
 def runs_here(props):
-    return KERNELS.runs_on(props.cc) and _tma.available()
+    """Does this GPU run flash3 (sm_90 with the driver's tensor-map encoder)?"""
+    return _tma.sm90a_reason(KERNELS, props, "") is None
 
 
 def launch(impl, p, config=None, l2_share=None):
@@ -185,9 +186,9 @@ def launch(impl, p, config=None, l2_share=None):
     if p.B == 0 or p.Hq == 0 or p.Sq == 0:
         return
     props = _launch.device_props()
-    if not runs_here(props):
-        raise ValueError(f"impl: 'flash3' needs a compute-capability 9.0 GPU (H100, H200) and a driver with "
-                         f"tensor maps; this is {props.name} (sm_{props.cc})")
+    why = _tma.sm90a_reason(KERNELS, props, "'flash3'")
+    if why:
+        raise ValueError(f"impl: {why}")
     reason = supports(impl, p, config)
     if reason:
         raise ValueError(reason)

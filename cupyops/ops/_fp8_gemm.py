@@ -180,17 +180,13 @@ def output_map(p):
 
 def runs_here(props):
     """Does this GPU run gemm_fp8.cu (sm_90 with the driver's tensor-map encoder)?"""
-    return KERNELS.runs_on(props.cc) and _tma.available()
+    return gpu_error(props) is None
 
 
 def gpu_error(props):
     """Why this GPU cannot run the float8 GEMM (None when it can)."""
-    if not KERNELS.runs_on(props.cc):
-        return (f"the float8 GEMM runs on compute capability 9.0 GPUs (H100, H200) alone, and there is no "
-                f"fallback kernel; this is {props.name} (sm_{props.cc})")
-    if not _tma.available():
-        return "the float8 GEMM needs the driver's cuTensorMapEncodeTiled (libcuda), which is not available"
-    return None
+    why = _tma.sm90a_reason(KERNELS, props, "the float8 GEMM")
+    return why if why is None or KERNELS.runs_on(props.cc) else f"{why}; there is no fallback kernel"
 
 
 _PLANS = {}  # memoized Launch per (Fp8Problem.shape_key, device)

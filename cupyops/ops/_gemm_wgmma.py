@@ -190,14 +190,14 @@ def output_map(p):
 
 def runs_here(props):
     """Does this GPU run the wgmma rungs (sm_90 with the driver's tensor-map encoder)?"""
-    return KERNELS.runs_on(props.cc) and _tma.available()
+    return _tma.sm90a_reason(KERNELS, props, "") is None
 
 
 def require_gpu(impl, props):
     """Raise the error of naming rung ``impl`` on a GPU that does not run it."""
-    if not runs_here(props):
-        raise ValueError(f"impl: {impl!r} needs a compute-capability 9.0 GPU (H100, H200) and a driver with "
-                         f"tensor maps; this is {props.name} (sm_{props.cc})")
+    why = _tma.sm90a_reason(KERNELS, props, f"{impl!r}")
+    if why:
+        raise ValueError(f"impl: {why}")
 
 
 _PLANS = {}  # memoized (Tile, Launch) per (impl, GemmProblem.shape_key, config, device)
