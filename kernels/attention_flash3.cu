@@ -5,9 +5,10 @@
 // Why a new rung: attention_flash.cu (FlashAttention-2 on mma.sync) brings every K and V
 // fragment through registers with ldmatrix; on an H100 it runs at 0.57-0.72x of cuDNN's
 // attention, which is built on wgmma (NOTES). Here, as in FlashAttention-3:
-//   - a work tile is 128 query rows of one (query head, batch element): a producer warpgroup
-//     (one thread issuing tensor copies, registers given back with setmaxnreg) and two
-//     consumer warpgroups of 64 query rows each (registers taken);
+//   - a work tile is 64 NC query rows of one (query head, batch element): a producer
+//     warpgroup (one thread issuing tensor copies, registers given back with setmaxnreg) and
+//     NC consumer warpgroups of 64 query rows each (registers taken; NC = 2, or 3 for
+//     head_dim 64's 192-row tiles, Warpgroups);
 //   - the producer copies a work tile's Q once, then K and V tiles of BC keys into two
 //     STAGES-deep rings of full/empty mbarriers (sm90.cuh Pipeline; K and V apart, so a K
 //     tile is released as soon as its scores are made), by TMA tensor maps of the strided
@@ -28,9 +29,9 @@
 //                the P V of tile j - 1 are issued together, and the softmax of tile j runs
 //                while P V is in flight (O is rescaled before P V is issued, by the factor
 //                of the softmax before);
-//       PINGPONG OVERLAP, and the two consumer warpgroups take turns issuing their wgmmas
-//                (two named barriers), so that one's softmax runs while the other's GEMMs
-//                use the tensor cores;
+//       PINGPONG OVERLAP, and the consumer warpgroups take turns issuing their wgmmas
+//                (a named barrier each, round the consumers), so that one's softmax runs
+//                while another's GEMMs use the tensor cores;
 //   - causal: K/V tiles past a work tile's last visible key are never loaded, and only
 //     tiles that reach past a row's last visible key (or the end of K) pay for the mask;
 //   - work tiles go round robin to the blocks (WorkTiles: longest first under a causal
@@ -40,7 +41,7 @@
 //   - the epilogue divides by the row sum and writes O straight from the accumulators
 //     (two elements a 4-byte store); the LSE is (m + log2(l)) * ln 2.
 //
-// Shared memory (1024-byte aligned for the 128-byte swizzle): Q as 2 x DP pieces of 64 rows
+// Shared memory (1024-byte aligned for the 128-byte swizzle): Q as NC x DP pieces of 64 rows
 // x 64 head_dim (DP = cdiv(D, 64); 8 KB each: consumer warpgroup w's rows at piece w * DP),
 // the K ring and the V ring (a stage: DP pieces of BC keys x 64 head_dim, rows of 128 bytes;
 // K-major for S = Q K^T, and for P V the MN-major layout of sm90.cuh SwizzledTile16<true,
@@ -49,12 +50,12 @@
 // P V's extra columns (zeros) are not written.
 //
 // Launch geometry (cupyops/ops/_attention_flash3.py computes the same numbers):
-//   attention_flash3<T, HD, BC, STAGES, SCHED> (HD = head_dim: 64, 96, 128 or 256): block 384;
-//   1-D grid of one block an SM (persistent) or one a work tile (cdiv(Sq, 128) * Hq * B
-//   tiles, WorkTiles); dynamic shared memory 128 * DPAD * 2 + STAGES * 2 * BC * DPAD * 2 +
-//   1 KB (alignment) + 32 * STAGES + 16 (DPAD: D rounded up to 64). Tensor maps of Q, K, V:
-//   4-D (D, rows, heads, batch) of 16-bit elements with the 128-byte swizzle, boxes (64,
-//   64, 1, 1) for Q, (64, BC, 1, 1) for K and V. Needs 16-byte aligned tensors with
+//   attention_flash3<T, HD, BC, STAGES, SCHED, NC> (HD = head_dim: 64, 96, 128 or 256):
+//   block 128 (NC + 1); 1-D grid of one block an SM (persistent) or one a work tile
+//   (cdiv(Sq, BR) * Hq * B tiles, BR = 64 NC, WorkTiles); dynamic shared memory BR * DPAD
+//   * 2 + STAGES * 2 * BC * DPAD * 2 + 1 KB (alignment) + 32 * STAGES + 16 (DPAD: D rounded
+//   up to 64). Tensor maps of Q, K, V: 4-D (D, rows, heads, batch) of 16-bit elements with
+//   the 128-byte swizzle, boxes (64, 64, 1, 1) for Q, (64, BC, 1, 1) for K and V. Needs 16-byte aligned tensors with
 //   strides that are multiples of 16 bytes (the launcher checks). head_group: WorkTiles'
 //   group.
 #include "attention_common.cuh"
@@ -65,13 +66,25 @@ using namespace cuops::sm90;
 
 namespace fa3 {
 
-constexpr int BR = 128;  // query rows of a work tile: 64 a consumer warpgroup
 constexpr unsigned PIECE = 8192;  // 64 rows x 128 bytes
 enum Sched { SERIAL = 0, OVERLAP = 1, PINGPONG = 2 };
-// Named barriers 1 and 2: "consumer warpgroup 0 (1) may issue its wgmmas" (PINGPONG).
+// Named barriers 1 .. NC: "consumer warpgroup w may issue its wgmmas" (PINGPONG).
 constexpr int TURN_BARRIER = 1;
 
-template <int D, int BC> struct Layout {
+// NC consumer warpgroups of 64 query rows each (a work tile of BR = 64 NC rows) and the
+// producer warpgroup: their register shares (setmaxnreg), all within the 64K of an SM.
+// Two consumers take gemm_sm90.cuh's split; three (head_dim 64's 192-row tiles, as
+// FlashAttention-3 has them) 160 each and 24 for the producer.
+template <int NC> struct Warpgroups {
+    static_assert(NC == 2 || NC == 3, "attention_flash3: two or three consumer warpgroups");
+    static constexpr int BR = 64 * NC, THREADS = (NC + 1) * WG;
+    static constexpr int PRODUCER_REGS = NC == 2 ? WS_PRODUCER_REGS : 24;
+    static constexpr int CONSUMER_REGS = NC == 2 ? WS_CONSUMER_REGS : 160;
+    static_assert(THREADS == WS_THREADS || NC != 2, "attention_flash3: two consumers are the GEMM's split");
+    static_assert(WG * (PRODUCER_REGS + NC * CONSUMER_REGS) <= 65536, "attention_flash3: registers");
+};
+
+template <int D, int BC, int BR> struct Layout {
     static_assert(D == 64 || D == 96 || D == 128 || D == 256, "attention_flash3: head_dim 64, 96, 128 or 256");
     static_assert(BC % 16 == 0 && BC <= 256, "attention_flash3: key tiles of whole k16 steps, at most a box");
     static constexpr int DP = (D + 63) / 64;  // 64-wide pieces of head_dim (96: the second half reads as zeros)
@@ -81,7 +94,7 @@ template <int D, int BC> struct Layout {
 };
 
 // The K/V tiles of the work tile of query rows [q0, q0 + BR): what its last row sees.
-template <int BC>
+template <int BC, int BR>
 __device__ __forceinline__ int kv_tiles(int q0, int Sq, int Skv, int causal, int causal_offset) {
     const int keys = attn::visible_keys(min(q0 + BR, Sq) - 1, Skv, causal, causal_offset);
     return keys > 0 ? (keys + BC - 1) / BC : 0;
@@ -94,7 +107,7 @@ __device__ __forceinline__ int kv_tiles(int q0, int Sq, int Skv, int causal, int
 // first under a causal mask (the last query tile sees every key), each for every head of
 // the group before the next. (A persistent grid's fixed round robin still leaves SMs idle
 // at the end of a causal launch, NOTES 72: the launcher gives those one block a tile.)
-struct WorkTiles {
+template <int BR> struct WorkTiles {
     int qtiles, Hq, B, group;
     bool causal;
     __device__ __forceinline__ int count() const { return qtiles * Hq * B; }
@@ -117,8 +130,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // One consumer warpgroup's state and steps: 64 query rows, O and the running max and sum
 // in registers (a thread holds rows r0 = 16 warp + lane / 4 and r0 + 8, index hh).
-template <typename T, int HD, int BC, int STAGES> struct Consumer {
-    typedef Layout<HD, BC> L;
+template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
+    typedef Layout<HD, BC, BR> L;
     unsigned q_tile, k_ring, v_ring;
     float scale2;  // scale * log2(e)
     int vis[2], vis_min;  // keys each of the thread's two rows sees, and the fewer
@@ -210,12 +223,14 @@ template <typename T, int HD, int BC, int STAGES> struct Consumer {
 
 }  // namespace fa3
 
-template <typename T, int HD, int BC, int STAGES, int SCHED>
-__global__ void __launch_bounds__(WS_THREADS, 1)
+template <typename T, int HD, int BC, int STAGES, int SCHED, int NC>
+__global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
     attention_flash3(ATTN_PARAMS(T), const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapK,
                      const __grid_constant__ TmaMap mapV, int head_group) {
     using namespace fa3;
-    typedef Layout<HD, BC> L;
+    typedef Warpgroups<NC> W;
+    constexpr int BR = W::BR;
+    typedef Layout<HD, BC, BR> L;
     static_assert(sizeof(T) == 2, "attention_flash3: float16 and bfloat16");
     static_assert(SCHED == SERIAL || SCHED == OVERLAP || SCHED == PINGPONG, "attention_flash3: SCHED");
     extern __shared__ unsigned char smem_raw[];
@@ -225,28 +240,28 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const Pipeline<STAGES> vpipe{kpipe.base + Pipeline<STAGES>::BYTES};
     const Pipeline<1> qpipe{vpipe.base + Pipeline<STAGES>::BYTES};  // Q: one buffer, refilled a work tile
     if (threadIdx.x == 0) {
-        kpipe.init(2);  // an empty phase: one arrival per consumer warpgroup
-        vpipe.init(2);
-        qpipe.init(2);
+        kpipe.init(NC);  // an empty phase: one arrival per consumer warpgroup
+        vpipe.init(NC);
+        qpipe.init(NC);
     }
     __syncthreads();
 
-    const WorkTiles work{(Sq + BR - 1) / BR, Hq, B, head_group, causal != 0};
+    const WorkTiles<BR> work{(Sq + BR - 1) / BR, Hq, B, head_group, causal != 0};
 
     if (warpgroup() == 0) {  // producer
-        setmaxnreg_dec<WS_PRODUCER_REGS>();
+        setmaxnreg_dec<W::PRODUCER_REGS>();
         if (threadIdx.x == 0) {
             unsigned q_it = 0, kv = 0;  // uses of the Q buffer and of the K/V rings so far
             for (int t = blockIdx.x; t < work.count(); t += gridDim.x) {
                 int q0, h, b;
                 work.at(t, q0, h, b);
-                const int tiles = kv_tiles<BC>(q0, Sq, Skv, causal, causal_offset);
+                const int tiles = kv_tiles<BC, BR>(q0, Sq, Skv, causal, causal_offset);
                 if (tiles == 0) continue;  // (the consumers do not wait for this tile's Q either)
                 const int hk = h / (Hq / Hkv);
                 qpipe.producer_acquire(q_it);
                 qpipe.producer_expect(q_it, L::Q_BYTES);
 #pragma unroll
-                for (int w = 0; w < 2; ++w)
+                for (int w = 0; w < NC; ++w)
 #pragma unroll
                     for (int p = 0; p < L::DP; ++p)
                         tma_load_4d(q_smem + (w * L::DP + p) * PIECE, &mapQ, 64 * p, q0 + 64 * w, h, b,
@@ -274,32 +289,33 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 
     // consumers: warpgroup 1 owns query rows q0 + [0, 64) of a work tile, warpgroup 2
     // q0 + [64, 128)
-    setmaxnreg_inc<WS_CONSUMER_REGS>();
+    setmaxnreg_inc<W::CONSUMER_REGS>();
     const int w = warpgroup() - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const bool leader = threadIdx.x % WG == 0;
-    Consumer<T, HD, BC, STAGES> c;
+    Consumer<T, HD, BC, STAGES, BR> c;
     c.q_tile = q_smem + w * L::DP * PIECE;
     c.k_ring = k_ring;
     c.v_ring = v_ring;
     c.scale2 = scale * attn::LOG2E;
 
-    // PINGPONG turns: warpgroup w waits for its turn before issuing wgmmas and hands the
-    // turn over after. In a work tile each issues tiles + 1 times; warpgroup 0 goes first
-    // (warpgroup 1 gives it the first turn), and warpgroup 1 keeps its last hand-over,
-    // which nobody would take: every barrier phase is completed, tile after tile.
+    // PINGPONG turns, round the consumers: warpgroup w waits for its turn before issuing
+    // wgmmas and hands the turn to w + 1 (mod NC) after. In a work tile each issues tiles + 1
+    // times; warpgroup 0 goes first (the last one gives it the first turn), and the last
+    // keeps its last hand-over, which nobody would take: every barrier phase is completed,
+    // tile after tile.
     auto my_turn = [&] {
         if constexpr (SCHED == PINGPONG) named_barrier_sync(TURN_BARRIER + w, 2 * WG);
     };
     auto your_turn = [&](bool last) {
         if constexpr (SCHED == PINGPONG)
-            if (!(last && w == 1)) named_barrier_arrive(TURN_BARRIER + 1 - w, 2 * WG);
+            if (!(last && w == NC - 1)) named_barrier_arrive(TURN_BARRIER + (NC == 2 ? 1 - w : (w + 1) % NC), 2 * WG);
     };
 
     unsigned q_it = 0, kv = 0;
     for (int t = blockIdx.x; t < work.count(); t += gridDim.x) {
         int q0, h, b;
         work.at(t, q0, h, b);
-        const int tiles = kv_tiles<BC>(q0, Sq, Skv, causal, causal_offset);
+        const int tiles = kv_tiles<BC, BR>(q0, Sq, Skv, causal, causal_offset);
         int row[2];
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
@@ -336,7 +352,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 }
                 if (leader) qpipe.consumer_release(q_it);
             } else {
-                if (w == 1) your_turn(false);
+                if (w == NC - 1) your_turn(false);
                 kpipe.consumer_wait(kv);
                 my_turn();
                 c.issue_s(s, kv);

@@ -30,22 +30,23 @@ def test_supports_names_the_argument(kw, prefix):
 
 @pytest.mark.parametrize("D", W.HEAD_DIMS)
 def test_plans(D):
-    p = _problem(D=D, Sq=300, Hq=8, B=2)  # 3 x 8 x 2 = 48 work tiles
-    assert W.work_tiles(p) == 48
-    for cfg, (bc, stages, sched, persistent) in W.CONFIGS[D].items():
+    p = _problem(D=D, Sq=300, Hq=8, B=2)  # 3 x 8 x 2 = 48 work tiles of 128 rows, 32 of 192
+    assert W.work_tiles(p) == 48 and W.work_tiles(p, 192) == 32
+    for cfg, c in W.CONFIGS[D].items():
         pl = W.plan(p, cfg)
+        tiles = -(-300 // c.rows) * 8 * 2
         assert pl.name in W.KERNELS.name_expressions
-        assert pl.name == f"attention_flash3<__nv_bfloat16, {D}, {bc}, {stages}, {sched}>"
-        assert cfg == f"c{bc}s{stages}" + {W.SERIAL: "", W.OVERLAP: "o", W.PINGPONG: "p"}[sched] + \
-            ("_pg" if persistent else "")
-        assert pl.grid == (48,) and pl.block == (384,) and pl.cluster == 1
-        assert W.plan(p, cfg, sm_count=20).grid == ((20,) if persistent else (48,))
+        assert pl.name == f"attention_flash3<__nv_bfloat16, {D}, {c.bc}, {c.stages}, {c.sched}, {c.consumers}>"
+        assert cfg == ("" if c.rows == 128 else f"m{c.rows}") + f"c{c.bc}s{c.stages}" + \
+            {W.SERIAL: "", W.OVERLAP: "o", W.PINGPONG: "p"}[c.sched] + ("_pg" if c.persistent else "")
+        assert pl.grid == (tiles,) and pl.block == (128 * (c.consumers + 1),) and pl.cluster == 1
+        assert W.plan(p, cfg, sm_count=20).grid == ((20,) if c.persistent else (tiles,))
         dpad = {96: 128}.get(D, D)  # head_dim 96 is held as 128
-        assert pl.smem == 128 * dpad * 2 + stages * 2 * bc * dpad * 2 + 1024 + 32 * stages + 16 <= SMEM_OPTIN
+        assert pl.smem == c.rows * dpad * 2 + c.stages * 2 * c.bc * dpad * 2 + 1024 + 32 * c.stages + 16 <= SMEM_OPTIN
     # the defaults: the full schedule, on a persistent grid without a mask, one block a
     # work tile under a causal one (the stub problem is causal)
-    assert W.CONFIGS[D][next(iter(W.CONFIGS[D]))][2:] == (W.PINGPONG, True)
-    assert W.CONFIGS[D][W.CAUSAL_CONFIG[D]][2:] == (W.PINGPONG, False)
+    assert W.CONFIGS[D][next(iter(W.CONFIGS[D]))][2:4] == (W.PINGPONG, True)
+    assert W.CONFIGS[D][W.CAUSAL_CONFIG[D]][2:4] == (W.PINGPONG, False)
     assert W.default_config(p) == W.CAUSAL_CONFIG[D]
     assert W.plan(p).name == W.plan(p, W.CAUSAL_CONFIG[D]).name
     p.causal = False
@@ -53,7 +54,7 @@ def test_plans(D):
     assert W.plan(p, sm_count=20).grid == (20,)
     p.Skv = W.LONG_KV
     assert W.default_config(p) == ("c176s2p_pg" if D == 128 else next(iter(W.CONFIGS[D])))
-    assert W.CONFIGS[D][W.default_config(p)][2:] == (W.PINGPONG, True)
+    assert W.CONFIGS[D][W.default_config(p)][2:4] == (W.PINGPONG, True)
     with pytest.raises(ValueError, match="config"):
         W.plan(p, "c64s9")
     assert W.KERNELS.arch == "sm_90a" and W.KERNELS.runs_on(90) and not W.KERNELS.runs_on(80)

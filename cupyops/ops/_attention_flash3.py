@@ -1,12 +1,12 @@
 """The Hopper FlashAttention rung of kernels/attention_flash3.cu (sm_90a: wgmma + TMA, a
-producer and two consumer warpgroups), and its launcher (the launcher-module interface is
-described in _attention_problem.py).
+producer and two or three consumer warpgroups), and its launcher (the launcher-module
+interface is described in _attention_problem.py).
 
-``attention_flash3<T, D, BC, STAGES, SCHED>``: work tiles of (128 query rows, query head,
-batch element) handed round robin to the blocks, one block an SM (a persistent grid) or one
-a tile; K and V tiles of BC keys through STAGES-deep rings; the consumers' schedule SCHED
-(0 serial, 1 FlashAttention-3's intra-warpgroup overlap of softmax and GEMMs, 2 that and
-pingpong between the two consumer warpgroups). ``config`` (see ``CONFIGS``) forces one;
+``attention_flash3<T, D, BC, STAGES, SCHED, NC>``: work tiles of (64 NC query rows, query
+head, batch element) handed round robin to the blocks, one block an SM (a persistent grid)
+or one a tile; K and V tiles of BC keys through STAGES-deep rings; the consumers' schedule
+SCHED (0 serial, 1 FlashAttention-3's intra-warpgroup overlap of softmax and GEMMs, 2 that
+and pingpong between the consumer warpgroups). ``config`` (see ``CONFIGS``) forces one;
 ``None`` takes ``default_config``'s.
 
 Q, K and V are read through 4-D tensor maps (head_dim, rows, heads, batch) of their own
@@ -17,6 +17,8 @@ bytes (``supports`` says so otherwise).
 It runs on compute capability 9.0 alone (``runs_here``): ``auto`` takes it there and
 falls back to ``flash`` elsewhere.
 """
+import collections
+
 import numpy as np
 
 from .. import _dtypes, _launch, _tma
@@ -31,27 +33,44 @@ VARIANTS = {
 }
 DTYPES = {"flash3": ("float16", "bfloat16")}
 ARCH = "sm_90a"
-BR = 128  # query rows of a block
-THREADS = 384
+BR = 128  # query rows of a work tile with two consumer warpgroups (64 each), the most tiles
 SERIAL, OVERLAP, PINGPONG = 0, 1, 2  # the consumers' schedule (the kernel's SCHED)
-# head_dim -> {config: (BC, STAGES, SCHED, PERSISTENT)}; the first is the default. Names:
-# c<BC>s<STAGES>, the schedule's letter (none: serial, o: overlap, p: pingpong), and "_pg"
-# for a persistent grid (else one block a work tile). A stage holds K and V tiles of BC
-# keys (2 * BC * D * 2 bytes) beside Q (128 * D * 2); 227 KB in all. The serial, overlap and
+
+
+class Config(collections.namedtuple("Config", "bc stages sched persistent consumers", defaults=(2,))):
+    """A kernel configuration: key tiles of ``bc`` keys through ``stages``-deep rings, the
+    consumers' schedule, a persistent grid or one block a work tile, and the consumer
+    warpgroups (the kernel's NC: a work tile of 64 query rows each)."""
+
+    @property
+    def rows(self):
+        return 64 * self.consumers
+
+    @property
+    def threads(self):
+        return 128 * (self.consumers + 1)
+
+
+# head_dim -> {config: Config}; the first is the default. Names: m<rows> where a work tile is
+# not 128 query rows, c<BC>s<STAGES>, the schedule's letter (none: serial, o: overlap, p:
+# pingpong), and "_pg" for a persistent grid (else one block a work tile). A stage holds K
+# and V tiles of BC keys (2 * BC * D * 2 bytes) beside Q (rows * D * 2); 227 KB in all. The serial, overlap and
 # one-block-a-tile forms stay as the ladder inside the rung (benchmarks/attention_sweep.py
 # times each; NOTES has what each bought). Configurations that never won are left out (each
 # is a kernel the file compiles on first use): rings of 3 and 4 stages (0-5 % slower), key
 # tiles of 64 at head_dim 256 and the serial and overlap schedules at 64 and 256 (measured
 # in benchmarks/results/h100-attention-flash3-sweep-*.txt).
 CONFIGS = {
-    64: {"c192s2p_pg": (192, 2, PINGPONG, True), "c192s2p": (192, 2, PINGPONG, False),
-         "c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False)},
+    64: {"c192s2p_pg": Config(192, 2, PINGPONG, True), "c192s2p": Config(192, 2, PINGPONG, False),
+         "c128s2p_pg": Config(128, 2, PINGPONG, True), "c128s2p": Config(128, 2, PINGPONG, False),
+         # FlashAttention-3's head_dim-64 tiles: 192 query rows, three consumers (NOTES 77)
+         "m192c128s2p_pg": Config(128, 2, PINGPONG, True, 3), "m192c128s2p": Config(128, 2, PINGPONG, False, 3)},
     # head_dim 96 is held as 128 (the kernel's DPAD)
-    96: {"c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False)},
-    128: {"c128s2p_pg": (128, 2, PINGPONG, True), "c128s2p": (128, 2, PINGPONG, False),
-          "c128s2o": (128, 2, OVERLAP, False), "c128s2": (128, 2, SERIAL, False),
-          "c176s2p_pg": (176, 2, PINGPONG, True), "c176s2p": (176, 2, PINGPONG, False)},
-    256: {"c80s2p_pg": (80, 2, PINGPONG, True), "c80s2p": (80, 2, PINGPONG, False)},
+    96: {"c128s2p_pg": Config(128, 2, PINGPONG, True), "c128s2p": Config(128, 2, PINGPONG, False)},
+    128: {"c128s2p_pg": Config(128, 2, PINGPONG, True), "c128s2p": Config(128, 2, PINGPONG, False),
+          "c128s2o": Config(128, 2, OVERLAP, False), "c128s2": Config(128, 2, SERIAL, False),
+          "c176s2p_pg": Config(176, 2, PINGPONG, True), "c176s2p": Config(176, 2, PINGPONG, False)},
+    256: {"c80s2p_pg": Config(80, 2, PINGPONG, True), "c80s2p": Config(80, 2, PINGPONG, False)},
 }
 MAX_WORK_TILES = 2**31 - 1  # the kernel counts work tiles in an int (and a grid's x extent)
 # The default under a causal mask (the first of CONFIGS otherwise): one block a work tile.
@@ -77,8 +96,8 @@ HEAD_DIMS = tuple(CONFIGS)
 
 
 def _name(dtype, hd, cfg):
-    bc, stages, sched, _ = CONFIGS[hd][cfg]
-    return template_name("attention_flash3", _dtypes.cuda_type(dtype), hd, bc, stages, sched)
+    c = CONFIGS[hd][cfg]
+    return template_name("attention_flash3", _dtypes.cuda_type(dtype), hd, c.bc, c.stages, c.sched, c.consumers)
 
 
 # (a persistent configuration and its one-block-a-tile twin are one kernel)
@@ -91,9 +110,9 @@ KERNEL_FILES = [KERNELS]
 def smem_bytes(hd, cfg):
     """Q, the rings of K and V tiles (head_dim rounded up to 64), the 1024-byte alignment,
     the rings' barriers and Q's (full and empty)."""
-    bc, stages = CONFIGS[hd][cfg][:2]
+    c = CONFIGS[hd][cfg]
     dpad = 64 * -(-hd // 64)
-    return BR * dpad * 2 + stages * 2 * bc * dpad * 2 + _tma.SWIZZLE_ATOM_BYTES + 32 * stages + 16
+    return c.rows * dpad * 2 + c.stages * 2 * c.bc * dpad * 2 + _tma.SWIZZLE_ATOM_BYTES + 32 * c.stages + 16
 
 
 def map_spec(arr_ptr, strides, rows, heads, batch, hd, box_rows):
@@ -113,7 +132,7 @@ def map_spec(arr_ptr, strides, rows, heads, batch, hd, box_rows):
 
 
 def _specs(p, cfg):
-    bc = CONFIGS[p.D][cfg][0]
+    bc = CONFIGS[p.D][cfg].bc
     return [map_spec(p.Q.data.ptr, p.q_strides, p.Sq, p.Hq, p.B, p.D, 64),
             map_spec(p.K.data.ptr, p.k_strides, p.Skv, p.Hkv, p.B, p.D, bc),
             map_spec(p.V.data.ptr, p.v_strides, p.Skv, p.Hkv, p.B, p.D, bc)]
@@ -137,9 +156,9 @@ def _shape_reason(p):
     return tensor_core_reason(p, "flash3", DTYPES["flash3"], HEAD_DIMS)
 
 
-def work_tiles(p):
-    """The launch's work tiles: BR query rows of one (head, batch element) each."""
-    return _launch.cdiv(p.Sq, BR) * p.Hq * p.B
+def work_tiles(p, rows=BR):
+    """The launch's work tiles: ``rows`` query rows of one (head, batch element) each."""
+    return _launch.cdiv(p.Sq, rows) * p.Hq * p.B
 
 
 def head_group(p, l2_bytes, share=None):
@@ -169,9 +188,10 @@ def plan(p, config=None, sm_count=132):
     work tile."""
     reason = _shape_reason(p)
     cfg = tile_config(p, "flash3", CONFIGS, config or (None if reason else default_config(p)), reason)
-    tiles = work_tiles(p)
-    grid = (min(tiles, sm_count) if CONFIGS[p.D][cfg][3] else tiles,)
-    return _launch.Launch(KERNELS, _name(p.dtype, p.D, cfg), grid, (THREADS,), smem_bytes(p.D, cfg),
+    c = CONFIGS[p.D][cfg]
+    tiles = work_tiles(p, c.rows)
+    grid = (min(tiles, sm_count) if c.persistent else tiles,)
+    return _launch.Launch(KERNELS, _name(p.dtype, p.D, cfg), grid, (c.threads,), smem_bytes(p.D, cfg),
                           "attention impl='flash3'")
 
 
