@@ -48,6 +48,7 @@ def test_cupy_stream_capture_replays_the_eager_block():
     p = _weights(lambda shape: rs.standard_normal(shape, dtype=cp.float32).astype(f16))
     silu = lambda t: (t.astype(cp.float32) / (1 + cp.exp(-t.astype(cp.float32)))).astype(t.dtype)  # noqa: E731
     x = rs.standard_normal((B, HIDDEN), dtype=cp.float32).astype(f16)
+    cp.cuda.Device().synchronize()  # (p and x were made on the null stream)
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         _block(x, p, silu)  # compile, plan, allocate tickets outside the capture
@@ -56,8 +57,10 @@ def test_cupy_stream_capture_replays_the_eager_block():
         y = _block(x, p, silu)
         graph = stream.end_capture()
     for seed in (1, 2):
-        x[...] = cp.random.RandomState(seed).standard_normal((B, HIDDEN), dtype=cp.float32).astype(f16)
-        graph.launch(stream)
+        with stream:  # the new input is written on the replay's stream: a non-blocking stream does not
+            # wait for the null stream, so a write there could land during the replay
+            x[...] = cp.random.RandomState(seed).standard_normal((B, HIDDEN), dtype=cp.float32).astype(f16)
+            graph.launch(stream)
         stream.synchronize()
         with stream:
             want = _block(x, p, silu)
