@@ -246,13 +246,18 @@ class FastCall:
         lock = threading.Lock()  # (around the kept blocks: two threads must not take one)
         self._acquire, self._release = lock.acquire, lock.release
 
-    def cupy(self, arrays):
-        """Run on CuPy arrays; the result as a CuPy array (None: the checked path's turn)."""
-        addrs = [0 if a is None else a.data.ptr for a in arrays]
+    def _launches(self, addrs):
+        """The launches for these input addresses: the 16-byte variant where every one is
+        16-byte aligned (None: this signature has no such variant; the checked path's turn)."""
         bits = 0
         for p in addrs:
             bits |= p
-        launches = self._variants[not bits & 15]
+        return self._variants[not bits & 15]
+
+    def cupy(self, arrays):
+        """Run on CuPy arrays; the result as a CuPy array (None: the checked path's turn)."""
+        addrs = [0 if a is None else a.data.ptr for a in arrays]
+        launches = self._launches(addrs)
         if launches is None:
             return None
         stream = _cupy_stream()
@@ -294,10 +299,7 @@ class FastCall:
         if _get_device() != dev:  # the kernels belong to the current device's context
             return None
         addrs = [0 if t is None else t.data_ptr() for t in tensors]
-        bits = 0
-        for p in addrs:
-            bits |= p
-        launches = self._variants[not bits & 15]
+        launches = self._launches(addrs)
         if launches is None:
             return None
         like = self._torch_like
