@@ -54,9 +54,9 @@ class Config(collections.namedtuple("Config", "bc stages sched persistent consum
 # head_dim -> {config: Config}; the first is the default. Names: m<rows> where a work tile is
 # not 128 query rows, c<BC>s<STAGES>, the schedule's letter (none: serial, o: overlap, p:
 # pingpong), and "_pg" for a persistent grid (else one block a work tile). A stage holds K
-# and V tiles of BC keys (2 * BC * D * 2 bytes) beside Q (rows * D * 2); 227 KB in all. The serial, overlap and
-# one-block-a-tile forms stay as the ladder inside the rung (benchmarks/attention_sweep.py
-# times each; NOTES has what each bought). Configurations that never won are left out (each
+# and V tiles of BC keys (2 * BC * D * 2 bytes) beside Q (rows * D * 2); 227 KB in all. The
+# serial, overlap and one-block-a-tile forms stay as the ladder inside the rung
+# (benchmarks/attention_sweep.py times each; NOTES has what each bought). Configurations that never won are left out (each
 # is a kernel the file compiles on first use): rings of 3 and 4 stages (0-5 % slower), key
 # tiles of 64 at head_dim 256 and the serial and overlap schedules at 64 and 256 (measured
 # in benchmarks/results/h100-attention-flash3-sweep-*.txt).
