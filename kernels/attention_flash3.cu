@@ -81,7 +81,9 @@ template <int NC> struct Warpgroups {
     static constexpr int PRODUCER_REGS = NC == 2 ? WS_PRODUCER_REGS : 24;
     static constexpr int CONSUMER_REGS = NC == 2 ? WS_CONSUMER_REGS : 160;
     static_assert(THREADS == WS_THREADS || NC != 2, "attention_flash3: two consumers are the GEMM's split");
-    static_assert(WG * (PRODUCER_REGS + NC * CONSUMER_REGS) <= 65536, "attention_flash3: registers");
+    // (the pool setmaxnreg moves registers within: every thread's cap at entry, a multiple of 8)
+    static_assert(WG * (PRODUCER_REGS + NC * CONSUMER_REGS) <= THREADS * ((65536 / THREADS) & ~7),
+                  "attention_flash3: registers");
 };
 
 template <int D, int BC, int BR> struct Layout {
@@ -287,8 +289,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
         return;
     }
 
-    // consumers: warpgroup 1 owns query rows q0 + [0, 64) of a work tile, warpgroup 2
-    // q0 + [64, 128)
+    // consumers: warpgroup 1 + w owns query rows q0 + [64 w, 64 w + 64) of a work tile
     setmaxnreg_inc<W::CONSUMER_REGS>();
     const int w = warpgroup() - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const bool leader = threadIdx.x % WG == 0;

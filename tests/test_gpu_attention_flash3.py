@@ -55,6 +55,8 @@ def test_every_config(rung, D, monkeypatch):
         real = _attention_flash3.launch
         monkeypatch.setattr(_attention_flash3, "launch", lambda impl, p, config=None, _c=cfg: real(impl, p, _c))
         assert run_case(rung, "bfloat16", 1, 200, 333, 4, 2, D, causal=True, align="bottom_right", big=True)
+        # more work tiles than SMs (a persistent block takes several), several K/V tiles
+        assert run_case(rung, "float16", 2, 1100, 300, 16, 4, D, layout="bhsd")
         monkeypatch.setattr(_attention_flash3, "launch", real)
 
 

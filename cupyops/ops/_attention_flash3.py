@@ -26,8 +26,8 @@ from .._kernels import SPLIT_COMPILE, KernelFile, template_name
 from ._attention_problem import tensor_core_reason, tile_config
 
 VARIANTS = {
-    "flash3": "FlashAttention-3 on Hopper (sm_90a): a TMA producer warpgroup and two wgmma consumer "
-    "warpgroups of 64 query rows, K and V tiles through mbarrier rings, S = Q K^T from shared memory, "
+    "flash3": "FlashAttention-3 on Hopper (sm_90a): a TMA producer warpgroup and two (or three) wgmma "
+    "consumer warpgroups of 64 query rows, K and V tiles through mbarrier rings, S = Q K^T from shared memory, "
     "P V with P in registers, the softmax of one tile overlapping the GEMMs of the next and the two "
     "consumers taking turns on the tensor cores (float16, bfloat16; head_dim 64, 96, 128, 256)",
 }
@@ -146,7 +146,7 @@ def supports(impl, p, config=None):
     if reason is None and not p.aligned16():
         reason = "q: flash3 needs 16-byte aligned rows in q, k, v and out (pointers and strides)"
     if reason is None and work_tiles(p) > MAX_WORK_TILES:
-        reason = f"q: flash3 supports at most {MAX_WORK_TILES} tiles of {BR} query rows (q_len x heads x batch)"
+        reason = f"q: flash3 supports at most {MAX_WORK_TILES} work tiles (q_len / {BR} x heads x batch)"
     if reason is None and None in _specs(p, config or default_config(p)):
         reason = "q: flash3 needs q, k and v describable by tensor maps (strides multiples of 16 bytes)"
     return reason
