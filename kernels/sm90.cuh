@@ -221,104 +221,56 @@ template <int R> __device__ __forceinline__ void fence_regs(unsigned (&d)[R]) {
 }
 
 // The accumulator operands of a 64 x N wgmma, N / 2 = R floats a thread: the register
-// list of the instruction ("{%0, ..., %R-1}") and the asm output list binding them to d[0..R).
-// (Generated: one pair per R the wgmma forms below use.)
-#define CUOPS_ACC32_REGS \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
-    "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define CUOPS_ACC32_OUTS \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define CUOPS_ACC40_REGS \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
-    "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
-    "%36, %37, %38, %39}"
-#define CUOPS_ACC40_OUTS \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-#define CUOPS_ACC64_REGS \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
-    "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
-    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, " \
-    "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define CUOPS_ACC64_OUTS \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define CUOPS_ACC88_REGS \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
-    "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
-    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, " \
-    "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, " \
-    "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}"
-#define CUOPS_ACC88_OUTS \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
-    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
-#define CUOPS_ACC96_REGS \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
-    "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
-    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, " \
-    "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, " \
-    "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, " \
-    "%90, %91, %92, %93, %94, %95}"
-#define CUOPS_ACC96_OUTS \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
-    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-#define CUOPS_ACC128_REGS \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
-    "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
-    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, " \
-    "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, " \
-    "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, " \
-    "%90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, " \
-    "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, " \
-    "%126, %127}"
-#define CUOPS_ACC128_OUTS \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
-    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
-    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
-    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
-    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+// list of the instruction ("{%0, ..., %R-1}") and the asm output list binding them to
+// d[0..R). Built eight at a time: CUOPS_NAMES_n names %0 .. %8n-1, CUOPS_BINDS_n binds
+// them to d[0 .. 8n); one CUOPS_ACC<R>_REGS / _OUTS pair per R the wgmma forms below use.
+#define CUOPS_NAMES_1 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define CUOPS_NAMES_2 CUOPS_NAMES_1 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define CUOPS_NAMES_3 CUOPS_NAMES_2 ", %16, %17, %18, %19, %20, %21, %22, %23"
+#define CUOPS_NAMES_4 CUOPS_NAMES_3 ", %24, %25, %26, %27, %28, %29, %30, %31"
+#define CUOPS_NAMES_5 CUOPS_NAMES_4 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define CUOPS_NAMES_6 CUOPS_NAMES_5 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define CUOPS_NAMES_7 CUOPS_NAMES_6 ", %48, %49, %50, %51, %52, %53, %54, %55"
+#define CUOPS_NAMES_8 CUOPS_NAMES_7 ", %56, %57, %58, %59, %60, %61, %62, %63"
+#define CUOPS_NAMES_9 CUOPS_NAMES_8 ", %64, %65, %66, %67, %68, %69, %70, %71"
+#define CUOPS_NAMES_10 CUOPS_NAMES_9 ", %72, %73, %74, %75, %76, %77, %78, %79"
+#define CUOPS_NAMES_11 CUOPS_NAMES_10 ", %80, %81, %82, %83, %84, %85, %86, %87"
+#define CUOPS_NAMES_12 CUOPS_NAMES_11 ", %88, %89, %90, %91, %92, %93, %94, %95"
+#define CUOPS_NAMES_13 CUOPS_NAMES_12 ", %96, %97, %98, %99, %100, %101, %102, %103"
+#define CUOPS_NAMES_14 CUOPS_NAMES_13 ", %104, %105, %106, %107, %108, %109, %110, %111"
+#define CUOPS_NAMES_15 CUOPS_NAMES_14 ", %112, %113, %114, %115, %116, %117, %118, %119"
+#define CUOPS_NAMES_16 CUOPS_NAMES_15 ", %120, %121, %122, %123, %124, %125, %126, %127"
+#define CUOPS_BIND8(k)                                                                \
+    "+f"(d[8 * k]), "+f"(d[8 * k + 1]), "+f"(d[8 * k + 2]), "+f"(d[8 * k + 3]), "+f"(d[8 * k + 4]), \
+        "+f"(d[8 * k + 5]), "+f"(d[8 * k + 6]), "+f"(d[8 * k + 7])
+#define CUOPS_BINDS_1 CUOPS_BIND8(0)
+#define CUOPS_BINDS_2 CUOPS_BINDS_1, CUOPS_BIND8(1)
+#define CUOPS_BINDS_3 CUOPS_BINDS_2, CUOPS_BIND8(2)
+#define CUOPS_BINDS_4 CUOPS_BINDS_3, CUOPS_BIND8(3)
+#define CUOPS_BINDS_5 CUOPS_BINDS_4, CUOPS_BIND8(4)
+#define CUOPS_BINDS_6 CUOPS_BINDS_5, CUOPS_BIND8(5)
+#define CUOPS_BINDS_7 CUOPS_BINDS_6, CUOPS_BIND8(6)
+#define CUOPS_BINDS_8 CUOPS_BINDS_7, CUOPS_BIND8(7)
+#define CUOPS_BINDS_9 CUOPS_BINDS_8, CUOPS_BIND8(8)
+#define CUOPS_BINDS_10 CUOPS_BINDS_9, CUOPS_BIND8(9)
+#define CUOPS_BINDS_11 CUOPS_BINDS_10, CUOPS_BIND8(10)
+#define CUOPS_BINDS_12 CUOPS_BINDS_11, CUOPS_BIND8(11)
+#define CUOPS_BINDS_13 CUOPS_BINDS_12, CUOPS_BIND8(12)
+#define CUOPS_BINDS_14 CUOPS_BINDS_13, CUOPS_BIND8(13)
+#define CUOPS_BINDS_15 CUOPS_BINDS_14, CUOPS_BIND8(14)
+#define CUOPS_BINDS_16 CUOPS_BINDS_15, CUOPS_BIND8(15)
+#define CUOPS_ACC32_REGS "{" CUOPS_NAMES_4 "}"
+#define CUOPS_ACC32_OUTS CUOPS_BINDS_4
+#define CUOPS_ACC40_REGS "{" CUOPS_NAMES_5 "}"
+#define CUOPS_ACC40_OUTS CUOPS_BINDS_5
+#define CUOPS_ACC64_REGS "{" CUOPS_NAMES_8 "}"
+#define CUOPS_ACC64_OUTS CUOPS_BINDS_8
+#define CUOPS_ACC88_REGS "{" CUOPS_NAMES_11 "}"
+#define CUOPS_ACC88_OUTS CUOPS_BINDS_11
+#define CUOPS_ACC96_REGS "{" CUOPS_NAMES_12 "}"
+#define CUOPS_ACC96_OUTS CUOPS_BINDS_12
+#define CUOPS_ACC128_REGS "{" CUOPS_NAMES_16 "}"
+#define CUOPS_ACC128_OUTS CUOPS_BINDS_16
 
 // d[N / 2] (+)= A(desc) * B(desc), a 64 x N step. KIND is the rest of the instruction's
 // name ("k16.f32.bf16.bf16", "k32.f32.e4m3.e4m3"); after the N / 2 accumulators come the
@@ -472,6 +424,39 @@ __device__ __forceinline__ void wgmma_m64nNk16_rs(float (&d)[N / 2], const unsig
 #undef CUOPS_ACC96_OUTS
 #undef CUOPS_ACC128_REGS
 #undef CUOPS_ACC128_OUTS
+#undef CUOPS_NAMES_1
+#undef CUOPS_BINDS_1
+#undef CUOPS_NAMES_2
+#undef CUOPS_BINDS_2
+#undef CUOPS_NAMES_3
+#undef CUOPS_BINDS_3
+#undef CUOPS_NAMES_4
+#undef CUOPS_BINDS_4
+#undef CUOPS_NAMES_5
+#undef CUOPS_BINDS_5
+#undef CUOPS_NAMES_6
+#undef CUOPS_BINDS_6
+#undef CUOPS_NAMES_7
+#undef CUOPS_BINDS_7
+#undef CUOPS_NAMES_8
+#undef CUOPS_BINDS_8
+#undef CUOPS_NAMES_9
+#undef CUOPS_BINDS_9
+#undef CUOPS_NAMES_10
+#undef CUOPS_BINDS_10
+#undef CUOPS_NAMES_11
+#undef CUOPS_BINDS_11
+#undef CUOPS_NAMES_12
+#undef CUOPS_BINDS_12
+#undef CUOPS_NAMES_13
+#undef CUOPS_BINDS_13
+#undef CUOPS_NAMES_14
+#undef CUOPS_BINDS_14
+#undef CUOPS_NAMES_15
+#undef CUOPS_BINDS_15
+#undef CUOPS_NAMES_16
+#undef CUOPS_BINDS_16
+#undef CUOPS_BIND8
 
 // ------------------------------------------------------------------ registers, barriers
 // Register reallocation between warpgroups: every thread of the warpgroup executes it, and
