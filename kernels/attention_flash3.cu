@@ -165,6 +165,15 @@ template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
         wgmma_commit();
     }
 
+    // Waits for every wgmma in flight (P V the last), then fences O and P: their readers
+    // and the next writers of P stay below the wait.
+    __device__ __forceinline__ void wait_pv(unsigned (&pa)[BC / 16][4]) {
+        wgmma_wait<0>();
+        fence_regs(o);
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);
+    }
+
     // The online softmax of tile j in base 2, in place (S -> P): keys past what a row sees
     // (its causal limit, or the end of K) weigh nothing; m and l move to the tile, and
     // alpha is what O (accumulated against the old m) must be multiplied by.
@@ -345,10 +354,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
                     c.pack(pa, s);
                     vpipe.consumer_wait(kv + j);
                     c.issue_pv(pa, kv + j);
-                    wgmma_wait<0>();
-                    fence_regs(c.o);
-#pragma unroll
-                    for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);  // (read by the wgmmas until here)
+                    c.wait_pv(pa);
                     if (leader) vpipe.consumer_release(kv + j);
                 }
                 if (leader) qpipe.consumer_release(q_it);
@@ -375,10 +381,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
                     fence_regs(s);
                     if (leader) kpipe.consumer_release(kv + j);
                     c.softmax(s, j, lane, alpha);
-                    wgmma_wait<0>();
-                    fence_regs(c.o);
-#pragma unroll
-                    for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);
+                    c.wait_pv(pa);
                     if (leader) vpipe.consumer_release(kv + j - 1);
                     c.pack(pa, s);
                 }
@@ -389,10 +392,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
                 my_turn();
                 c.issue_pv(pa, kv + tiles - 1);
                 your_turn(true);
-                wgmma_wait<0>();
-                fence_regs(c.o);
-#pragma unroll
-                for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);
+                c.wait_pv(pa);
                 if (leader) vpipe.consumer_release(kv + tiles - 1);
             }
             ++q_it;
