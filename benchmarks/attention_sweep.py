@@ -21,7 +21,7 @@ from cupyops.ops._attention_problem import AttentionProblem
 # (B, Hq, Hkv, S, D, causal)
 SHAPES = [(4, 16, 16, 4096, 128, False), (4, 16, 16, 4096, 128, True), (4, 32, 32, 4096, 64, False),
           (4, 32, 32, 4096, 64, True), (1, 32, 8, 8192, 128, True), (2, 8, 8, 4096, 256, False),
-          (2, 8, 8, 4096, 256, True), (4, 16, 16, 4096, 96, False), (4, 16, 16, 1024, 128, False),
+          (2, 8, 8, 4096, 256, True), (4, 16, 16, 4096, 96, False), (16, 16, 16, 1024, 128, False),
           (1, 16, 16, 16384, 128, False)]
 
 

@@ -38,14 +38,15 @@
 //     mask, heads in groups whose K and V stay in L2); in a persistent grid the producer
 //     loads the next tile's Q and K/V while the consumers finish the last P V and the
 //     epilogue of this one;
-//   - the epilogue divides by the row sum and writes O straight from the accumulators
-//     (two elements a 4-byte store); the LSE is (m + log2(l)) * ln 2.
+//   - the epilogue divides by the row sum and rounds O into registers; with the overlapped
+//     schedules its stores (two elements a 4-byte store) go out after the next work tile's
+//     first S = Q K^T is issued; the LSE is (m + log2(l)) * ln 2.
 //
 // Shared memory (1024-byte aligned for the 128-byte swizzle): Q as NC x DP pieces of 64 rows
 // x 64 head_dim (DP = cdiv(D, 64); 8 KB each: consumer warpgroup w's rows at piece w * DP),
 // the K ring and the V ring (a stage: DP pieces of BC keys x 64 head_dim, rows of 128 bytes;
 // K-major for S = Q K^T, and for P V the MN-major layout of sm90.cuh SwizzledTile16<true,
-// BC * 128>), then the two rings' barriers and Q's (a ring of one). head_dim 96 is held as
+// BC * 128>), then the two rings' barriers and Q's (QStages: two buffers where they fit). head_dim 96 is held as
 // 128: the tensor copies fill the columns past it with zeros, S = Q K^T stops at 96, and
 // P V's extra columns (zeros) are not written.
 //
@@ -70,6 +71,8 @@ constexpr unsigned PIECE = 8192;  // 64 rows x 128 bytes
 enum Sched { SERIAL = 0, OVERLAP = 1, PINGPONG = 2 };
 // Named barriers 1 .. NC: "consumer warpgroup w may issue its wgmmas" (PINGPONG).
 constexpr int TURN_BARRIER = 1;
+// How far (log2 units) a row's max may rise above the m its P is made against (Consumer::softmax).
+constexpr float RESCALE_SLACK = 8.f;
 
 // NC consumer warpgroups of 64 query rows each (a work tile of BR = 64 NC rows) and the
 // producer warpgroup: their register shares (setmaxnreg), all within the 64K of an SM.
@@ -95,6 +98,14 @@ template <int D, int BC, int BR> struct Layout {
     static constexpr unsigned KV_PIECE = BC * 128;  // a 64-wide slice of head_dim of all BC keys (K and V)
 };
 
+// Q buffers: two where they fit beside STAGES-deep K and V rings in the 227 KB of a block
+// (then the producer loads the next work tile's Q as soon as it has issued this tile's K/V
+// copies, and a persistent block's next tile does not wait for Q), else one. The launcher's
+// q_stages mirrors this.
+template <typename L, int STAGES> struct QStages {
+    static constexpr int value = 2 * L::Q_BYTES + STAGES * 2 * L::KV_BYTES + 1024 + 32 * STAGES + 32 <= 227 * 1024 ? 2 : 1;
+};
+
 // The K/V tiles of the work tile of query rows [q0, q0 + BR): what its last row sees.
 template <int BC, int BR>
 __device__ __forceinline__ int kv_tiles(int q0, int Sq, int Skv, int causal, int causal_offset) {
@@ -108,7 +119,9 @@ __device__ __forceinline__ int kv_tiles(int q0, int Sq, int Skv, int causal, int
 // group's K and V stay in L2 while its tiles run; inside a group the query tiles go longest
 // first under a causal mask (the last query tile sees every key), each for every head of
 // the group before the next. (A persistent grid's fixed round robin still leaves SMs idle
-// at the end of a causal launch, NOTES 72: the launcher gives those one block a tile.)
+// at the end of a causal launch, NOTES 72: the launcher gives those one block a tile. Odd
+// rounds handed out in reverse, to even out each block's sum of lengths, measured worse:
+// NOTES 80.)
 template <int BR> struct WorkTiles {
     int qtiles, Hq, B, group;
     bool causal;
@@ -175,8 +188,12 @@ template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
     }
 
     // The online softmax of tile j in base 2, in place (S -> P): keys past what a row sees
-    // (its causal limit, or the end of K) weigh nothing; m and l move to the tile, and
-    // alpha is what O (accumulated against the old m) must be multiplied by.
+    // (its causal limit, or the end of K) weigh nothing; alpha is what O (accumulated against
+    // the old m) must be multiplied by. m moves to the tile's max only when that is more than
+    // RESCALE_SLACK above it (FlashAttention-4's lazy rescale): otherwise P is made against the
+    // old m, at most 2^RESCALE_SLACK, alpha is 1 and O is not touched. The result is the same
+    // (O and l carry the same m; the epilogue divides one by the other), and after the first
+    // tiles a row's max rarely moves by that much, so most tiles skip the rescale of O.
     __device__ __forceinline__ void softmax(float (&s)[BC / 2], int j, int lane, float (&alpha)[2]) {
         const int key0 = j * BC + 2 * (lane % 4);
         if (j * BC + BC > vis_min) {
@@ -195,10 +212,13 @@ template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
             for (int c = 0; c < BC / 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * hh], s[4 * c + 2 * hh + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[hh], mx * scale2);
-            const float base = m_new == -CUOPS_INF ? 0.f : m_new;  // a row with no key yet: all p are 0
-            alpha[hh] = fast_exp2(m[hh] - base);
-            m[hh] = m_new;
+            const float m_tile = mx * scale2;  // (the 4 lanes of a row agree on it, and on m)
+            alpha[hh] = 1.f;
+            if (m_tile > m[hh] + RESCALE_SLACK) {  // (m = -inf: any key seen moves it)
+                alpha[hh] = fast_exp2(m[hh] - m_tile);
+                m[hh] = m_tile;
+            }
+            const float base = m[hh] == -CUOPS_INF ? 0.f : m[hh];  // a row with no key yet: all p are 0
             float sum = 0.f;
 #pragma unroll
             for (int c = 0; c < BC / 8; ++c)
@@ -212,7 +232,9 @@ template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
         }
     }
 
+    // O *= alpha, skipped where no row of the warp moved its max (a branch the warp takes as one).
     __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
+        if (!__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
 #pragma unroll
         for (int c = 0; c < L::DPAD / 8; ++c)  // (all: head_dim 96's zero columns too, or ptxas
                                                // serialises the wgmmas, C7511)
@@ -245,11 +267,12 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
     static_assert(sizeof(T) == 2, "attention_flash3: float16 and bfloat16");
     static_assert(SCHED == SERIAL || SCHED == OVERLAP || SCHED == PINGPONG, "attention_flash3: SCHED");
     extern __shared__ unsigned char smem_raw[];
+    constexpr int QSTAGES = QStages<L, STAGES>::value;
     const unsigned q_smem = ring_base(smem_raw);
-    const unsigned k_ring = q_smem + L::Q_BYTES, v_ring = k_ring + STAGES * L::KV_BYTES;
+    const unsigned k_ring = q_smem + QSTAGES * L::Q_BYTES, v_ring = k_ring + STAGES * L::KV_BYTES;
     const Pipeline<STAGES> kpipe{v_ring + STAGES * L::KV_BYTES};
     const Pipeline<STAGES> vpipe{kpipe.base + Pipeline<STAGES>::BYTES};
-    const Pipeline<1> qpipe{vpipe.base + Pipeline<STAGES>::BYTES};  // Q: one buffer, refilled a work tile
+    const Pipeline<QSTAGES> qpipe{vpipe.base + Pipeline<STAGES>::BYTES};  // Q: a buffer a work tile
     if (threadIdx.x == 0) {
         kpipe.init(NC);  // an empty phase: one arrival per consumer warpgroup
         vpipe.init(NC);
@@ -275,8 +298,8 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
                 for (int w = 0; w < NC; ++w)
 #pragma unroll
                     for (int p = 0; p < L::DP; ++p)
-                        tma_load_4d(q_smem + (w * L::DP + p) * PIECE, &mapQ, 64 * p, q0 + 64 * w, h, b,
-                                    qpipe.full(q_it).addr);
+                        tma_load_4d(q_smem + qpipe.stage(q_it) * L::Q_BYTES + (w * L::DP + p) * PIECE, &mapQ,
+                                    64 * p, q0 + 64 * w, h, b, qpipe.full(q_it).addr);
                 ++q_it;
                 // K or V tile j (keys [j * BC, j * BC + BC)) into its ring: a box of (64
                 // head_dim, BC keys) a head_dim slice
@@ -303,22 +326,80 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
     const int w = warpgroup() - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const bool leader = threadIdx.x % WG == 0;
     Consumer<T, HD, BC, STAGES, BR> c;
-    c.q_tile = q_smem + w * L::DP * PIECE;
     c.k_ring = k_ring;
     c.v_ring = v_ring;
     c.scale2 = scale * attn::LOG2E;
 
-    // PINGPONG turns, round the consumers: warpgroup w waits for its turn before issuing
-    // wgmmas and hands the turn to w + 1 (mod NC) after. In a work tile each issues tiles + 1
-    // times; warpgroup 0 goes first (the last one gives it the first turn), and the last
-    // keeps its last hand-over, which nobody would take: every barrier phase is completed,
-    // tile after tile.
+    // PINGPONG turns: a token goes round the consumers, named barrier TURN_BARRIER + w
+    // meaning "warpgroup w may issue its wgmmas". Each issue passes it to w + 1 (mod NC); all
+    // issue the same number of times a work tile (tiles + 1), so the token is back with
+    // warpgroup 0 at the start of the next tile, whose first S = Q K^T may go to the tensor
+    // cores while the others still finish the last P V and the epilogue of this one. The last
+    // consumer puts the token in play before the block's first tile; warpgroup 0 takes it
+    // back after the last, so every barrier phase is completed.
     auto my_turn = [&] {
         if constexpr (SCHED == PINGPONG) named_barrier_sync(TURN_BARRIER + w, 2 * WG);
     };
-    auto your_turn = [&](bool last) {
-        if constexpr (SCHED == PINGPONG)
-            if (!(last && w == NC - 1)) named_barrier_arrive(TURN_BARRIER + (NC == 2 ? 1 - w : (w + 1) % NC), 2 * WG);
+    auto your_turn = [&] {
+        if constexpr (SCHED == PINGPONG) named_barrier_arrive(TURN_BARRIER + (NC == 2 ? 1 - w : (w + 1) % NC), 2 * WG);
+    };
+    bool token_in_play = false;
+
+    // A work tile's output, O / l rounded to T (two columns a register) and the LSE of the
+    // thread's two rows (a row that saw no key: zeros, LSE -inf), made from the running
+    // state once the tile's last P V is done; stored by `store`. With the overlapped
+    // schedules the stores wait until the next tile's first S = Q K^T is issued and go out
+    // under it: the tensor cores are kept busy while the warpgroup stores, and the registers
+    // the stores read are no wgmma's accumulators (ptxas would wait for the wgmma in flight
+    // before reading those).
+    struct Out {
+        unsigned v[2][HD / 8];
+        float lse[2];
+        int q0, h, b;
+        bool valid;
+    } out;
+    out.valid = false;
+    auto finish = [&](int q0, int h, int b) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float lt = c.l[hh];
+            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+            const float inv = lt > 0.f ? __frcp_rn(lt) : 0.f;
+#pragma unroll
+            for (int cc = 0; cc < HD / 8; ++cc)
+                out.v[hh][cc] = pack2<T>(c.o[4 * cc + 2 * hh] * inv, c.o[4 * cc + 2 * hh + 1] * inv);
+            out.lse[hh] = lt > 0.f ? (c.m[hh] + log2f(lt)) * attn::LN2 : -CUOPS_INF;
+        }
+        out.q0 = q0;
+        out.h = h;
+        out.b = b;
+        out.valid = true;
+    };
+    auto store = [&] {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int i = out.q0 + 64 * w + 16 * warp + lane / 4 + 8 * hh;
+            if (i >= Sq) continue;
+            T* orow = O + out.b * o_sb + static_cast<i64>(i) * o_ss + out.h * o_sh;
+#pragma unroll
+            for (int cc = 0; cc < HD / 8; ++cc)
+                *reinterpret_cast<unsigned*>(orow + 8 * cc + 2 * (lane % 4)) = out.v[hh][cc];
+            if (LSE != nullptr && lane % 4 == 0) LSE[(static_cast<i64>(out.b) * Hq + out.h) * Sq + i] = out.lse[hh];
+        }
+        out.valid = false;
+    };
+    // A work tile's running state, from no key seen.
+    auto start = [&](int q0) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            c.vis[hh] = attn::visible_keys(q0 + 64 * w + 16 * warp + lane / 4 + 8 * hh, Skv, causal, causal_offset);
+            c.m[hh] = -CUOPS_INF;
+            c.l[hh] = 0.f;
+        }
+        c.vis_min = min(c.vis[0], c.vis[1]);
+#pragma unroll
+        for (int i = 0; i < L::DPAD / 2; ++i) c.o[i] = 0.f;
     };
 
     unsigned q_it = 0, kv = 0;
@@ -326,98 +407,80 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
         int q0, h, b;
         work.at(t, q0, h, b);
         const int tiles = kv_tiles<BC, BR>(q0, Sq, Skv, causal, causal_offset);
-        int row[2];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            row[hh] = q0 + 64 * w + 16 * warp + lane / 4 + 8 * hh;
-            c.vis[hh] = attn::visible_keys(row[hh], Skv, causal, causal_offset);
-            c.m[hh] = -CUOPS_INF;
-            c.l[hh] = 0.f;
+        if (tiles == 0) {  // no key to see: zeros
+            if (out.valid) store();
+            start(q0);
+            finish(q0, h, b);
+            store();
+            continue;
         }
-        c.vis_min = min(c.vis[0], c.vis[1]);
-#pragma unroll
-        for (int i = 0; i < L::DPAD / 2; ++i) c.o[i] = 0.f;
-
-        if (tiles > 0) {
-            qpipe.consumer_wait(q_it);
-            float s[BC / 2], alpha[2];
-            unsigned pa[BC / 16][4];
-            if constexpr (SCHED == SERIAL) {
-                for (int j = 0; j < tiles; ++j) {
-                    kpipe.consumer_wait(kv + j);
-                    c.issue_s(s, kv + j);
-                    wgmma_wait<0>();
-                    fence_regs(s);
-                    if (leader) kpipe.consumer_release(kv + j);
-                    c.softmax(s, j, lane, alpha);
-                    c.rescale(alpha);
-                    c.pack(pa, s);
-                    vpipe.consumer_wait(kv + j);
-                    c.issue_pv(pa, kv + j);
-                    c.wait_pv(pa);
-                    if (leader) vpipe.consumer_release(kv + j);
-                }
-                if (leader) qpipe.consumer_release(q_it);
-            } else {
-                if (w == NC - 1) your_turn(false);
-                kpipe.consumer_wait(kv);
-                my_turn();
-                c.issue_s(s, kv);
-                your_turn(false);
+        qpipe.consumer_wait(q_it);
+        c.q_tile = q_smem + qpipe.stage(q_it) * L::Q_BYTES + w * L::DP * PIECE;
+        start(q0);
+        float s[BC / 2], alpha[2];
+        unsigned pa[BC / 16][4];
+        if constexpr (SCHED == SERIAL) {
+            for (int j = 0; j < tiles; ++j) {
+                kpipe.consumer_wait(kv + j);
+                c.issue_s(s, kv + j);
                 wgmma_wait<0>();
                 fence_regs(s);
-                if (leader) kpipe.consumer_release(kv);
-                c.softmax(s, 0, lane, alpha);  // (O is still zero: alpha has nothing to scale)
-                c.pack(pa, s);
-                for (int j = 1; j < tiles; ++j) {
-                    kpipe.consumer_wait(kv + j);
-                    my_turn();
-                    c.issue_s(s, kv + j);
-                    c.rescale(alpha);  // O of tiles < j - 1, to the max that P_{j-1} was made against
-                    vpipe.consumer_wait(kv + j - 1);
-                    c.issue_pv(pa, kv + j - 1);
-                    your_turn(false);
-                    wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
-                    fence_regs(s);
-                    if (leader) kpipe.consumer_release(kv + j);
-                    c.softmax(s, j, lane, alpha);
-                    c.wait_pv(pa);
-                    if (leader) vpipe.consumer_release(kv + j - 1);
-                    c.pack(pa, s);
-                }
-                // every S = Q K^T of the tile is done: the producer may bring the next Q
-                if (leader) qpipe.consumer_release(q_it);
+                if (leader) kpipe.consumer_release(kv + j);
+                c.softmax(s, j, lane, alpha);
                 c.rescale(alpha);
-                vpipe.consumer_wait(kv + tiles - 1);
-                my_turn();
-                c.issue_pv(pa, kv + tiles - 1);
-                your_turn(true);
+                c.pack(pa, s);
+                vpipe.consumer_wait(kv + j);
+                c.issue_pv(pa, kv + j);
                 c.wait_pv(pa);
-                if (leader) vpipe.consumer_release(kv + tiles - 1);
+                if (leader) vpipe.consumer_release(kv + j);
             }
-            ++q_it;
-            kv += tiles;
-        }
-
-        // epilogue: O / l (a row that saw no key: zeros, LSE -inf)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            float lt = c.l[hh];
-            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-            const int i = row[hh];
-            if (i >= Sq) continue;
-            const float inv = lt > 0.f ? __frcp_rn(lt) : 0.f;
-            T* orow = O + b * o_sb + static_cast<i64>(i) * o_ss + h * o_sh;
-#pragma unroll
-            for (int cc = 0; cc < HD / 8; ++cc) {
-                const int d = 8 * cc + 2 * (lane % 4);
-                *reinterpret_cast<unsigned*>(orow + d) =
-                    pack2<T>(c.o[4 * cc + 2 * hh] * inv, c.o[4 * cc + 2 * hh + 1] * inv);
+            if (leader) qpipe.consumer_release(q_it);
+            finish(q0, h, b);
+            store();
+        } else {
+            if (!token_in_play && w == NC - 1) your_turn();
+            token_in_play = true;
+            kpipe.consumer_wait(kv);
+            my_turn();
+            c.issue_s(s, kv);
+            your_turn();
+            if (out.valid) store();  // (the last tile's, under this one's first S = Q K^T)
+            wgmma_wait<0>();
+            fence_regs(s);
+            if (leader) kpipe.consumer_release(kv);
+            c.softmax(s, 0, lane, alpha);  // (O is still zero: alpha has nothing to scale)
+            c.pack(pa, s);
+            for (int j = 1; j < tiles; ++j) {
+                kpipe.consumer_wait(kv + j);
+                my_turn();
+                c.issue_s(s, kv + j);
+                c.rescale(alpha);  // O of tiles < j - 1, to the max that P_{j-1} was made against
+                vpipe.consumer_wait(kv + j - 1);
+                c.issue_pv(pa, kv + j - 1);
+                your_turn();
+                wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
+                fence_regs(s);
+                if (leader) kpipe.consumer_release(kv + j);
+                c.softmax(s, j, lane, alpha);
+                schedule_after(c.l[0] + c.l[1]);  // (else the wait goes above the softmax)
+                c.wait_pv(pa);
+                if (leader) vpipe.consumer_release(kv + j - 1);
+                c.pack(pa, s);
             }
-            if (LSE != nullptr && lane % 4 == 0)
-                LSE[(static_cast<i64>(b) * Hq + h) * Sq + i] =
-                    lt > 0.f ? (c.m[hh] + log2f(lt)) * attn::LN2 : -CUOPS_INF;
+            // every S = Q K^T of the tile is done: the producer may bring the next Q
+            if (leader) qpipe.consumer_release(q_it);
+            c.rescale(alpha);
+            vpipe.consumer_wait(kv + tiles - 1);
+            my_turn();
+            c.issue_pv(pa, kv + tiles - 1);
+            your_turn();
+            c.wait_pv(pa);
+            if (leader) vpipe.consumer_release(kv + tiles - 1);
+            finish(q0, h, b);
         }
+        ++q_it;
+        kv += tiles;
     }
+    if (out.valid) store();
+    if (token_in_play && w == 0) my_turn();  // the last consumer's last hand-over (PINGPONG)
 }

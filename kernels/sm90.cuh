@@ -205,6 +205,15 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
+// A scheduling fence: code after it stays after `value` is computed. ptxas schedules within
+// basic blocks and hoists a wgmma wait above arithmetic it does not depend on (seen in
+// attention_flash3.cu: the wait for P V went above the softmax meant to run while P V is in
+// flight, NOTES 80); a branch on `value` ends the block. The branch is never taken
+// (`value` must be >= 0 or NaN) and is uniform across the warp (a vote); it costs a compare,
+// a vote and a branch.
+__device__ __forceinline__ void schedule_after(float value) {
+    if (__any_sync(0xffffffffu, value < 0.f)) __nanosleep(0);
+}
 // Tells the compiler that the accumulators may have changed here (after wgmma_wait): the
 // code that reads them cannot be moved above the wait.
 template <int R> __device__ __forceinline__ void fence_regs(float (&d)[R]) {

@@ -42,7 +42,12 @@ def test_plans(D):
         assert pl.grid == (tiles,) and pl.block == (128 * (c.consumers + 1),) and pl.cluster == 1
         assert W.plan(p, cfg, sm_count=20).grid == ((20,) if c.persistent else (tiles,))
         dpad = {96: 128}.get(D, D)  # head_dim 96 is held as 128
-        assert pl.smem == c.rows * dpad * 2 + c.stages * 2 * c.bc * dpad * 2 + 1024 + 32 * c.stages + 16 <= SMEM_OPTIN
+        q, kv = c.rows * dpad * 2, c.stages * 2 * c.bc * dpad * 2
+        # two Q buffers where they fit in 227 KB beside the rings, else one (a full and an
+        # empty barrier each)
+        qs = 2 if 2 * q + kv + 1024 + 32 * c.stages + 32 <= 227 * 1024 else 1
+        assert W.q_stages(D, cfg) == qs
+        assert pl.smem == qs * q + kv + 1024 + 32 * c.stages + 16 * qs <= SMEM_OPTIN
     # the defaults: the full schedule, on a persistent grid without a mask, one block a
     # work tile under a causal one (the stub problem is causal)
     assert W.CONFIGS[D][next(iter(W.CONFIGS[D]))][2:4] == (W.PINGPONG, True)

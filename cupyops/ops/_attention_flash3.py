@@ -61,10 +61,11 @@ class Config(collections.namedtuple("Config", "bc stages sched persistent consum
 # tiles of 64 at head_dim 256 and the serial and overlap schedules at 64 and 256 (measured
 # in benchmarks/results/h100-attention-flash3-sweep-*.txt).
 CONFIGS = {
-    64: {"c192s2p_pg": Config(192, 2, PINGPONG, True), "c192s2p": Config(192, 2, PINGPONG, False),
-         "c128s2p_pg": Config(128, 2, PINGPONG, True), "c128s2p": Config(128, 2, PINGPONG, False),
-         # FlashAttention-3's head_dim-64 tiles: 192 query rows, three consumers (NOTES 77)
-         "m192c128s2p_pg": Config(128, 2, PINGPONG, True, 3), "m192c128s2p": Config(128, 2, PINGPONG, False, 3)},
+    # FlashAttention-3's head_dim-64 tiles first: 192 query rows, three consumers (NOTES 79, 80)
+    64: {"m192c128s3p_pg": Config(128, 3, PINGPONG, True, 3), "m192c128s3p": Config(128, 3, PINGPONG, False, 3),
+         "m192c128s2p_pg": Config(128, 2, PINGPONG, True, 3), "m192c128s2p": Config(128, 2, PINGPONG, False, 3),
+         "c192s2p_pg": Config(192, 2, PINGPONG, True), "c192s2p": Config(192, 2, PINGPONG, False),
+         "c128s2p_pg": Config(128, 2, PINGPONG, True), "c128s2p": Config(128, 2, PINGPONG, False)},
     # head_dim 96 is held as 128 (the kernel's DPAD)
     96: {"c128s2p_pg": Config(128, 2, PINGPONG, True), "c128s2p": Config(128, 2, PINGPONG, False)},
     128: {"c128s2p_pg": Config(128, 2, PINGPONG, True), "c128s2p": Config(128, 2, PINGPONG, False),
@@ -78,7 +79,7 @@ MAX_WORK_TILES = 2**31 - 1  # the kernel counts work tiles in an int (and a grid
 # in length up to the sequence's tiles, and the persistent grid's fixed round robin left
 # SMs idle at the end (0.87-0.90x cuDNN against 0.96-1.05x with the hardware handing out
 # blocks as SMs free up); without a mask the persistent grid was 0.5-1 % faster.
-CAUSAL_CONFIG = {64: "c192s2p", 96: "c128s2p", 128: "c128s2p", 256: "c80s2p"}
+CAUSAL_CONFIG = {64: "m192c128s3p", 96: "c128s2p", 128: "c128s2p", 256: "c80s2p"}
 # Key tiles: 192 at head_dim 64 and 80 at 256 (FlashAttention-3's choices there) measured
 # (bf16, H100, results/h100-attention-flash3-sweep-tiles.txt) against 128 and 64: head_dim 64
 # 0.92x cuDNN against 0.87x without a mask, 0.86x against 0.84x causal; head_dim 256 0.98x
@@ -107,12 +108,21 @@ KERNELS = KernelFile("attention_flash3.cu", list(dict.fromkeys(
 KERNEL_FILES = [KERNELS]
 
 
-def smem_bytes(hd, cfg):
-    """Q, the rings of K and V tiles (head_dim rounded up to 64), the 1024-byte alignment,
-    the rings' barriers and Q's (full and empty)."""
+def q_stages(hd, cfg):
+    """Q buffers (the kernel's q_stages): two where they fit beside the K and V rings (the
+    next work tile's Q loads early), else one."""
     c = CONFIGS[hd][cfg]
     dpad = 64 * -(-hd // 64)
-    return c.rows * dpad * 2 + c.stages * 2 * c.bc * dpad * 2 + _tma.SWIZZLE_ATOM_BYTES + 32 * c.stages + 16
+    q, kv = c.rows * dpad * 2, c.stages * 2 * c.bc * dpad * 2
+    return 2 if 2 * q + kv + _tma.SWIZZLE_ATOM_BYTES + 32 * c.stages + 32 <= 227 * 1024 else 1
+
+
+def smem_bytes(hd, cfg):
+    """Q's buffers, the rings of K and V tiles (head_dim rounded up to 64), the 1024-byte
+    alignment, the rings' barriers and Q's (full and empty)."""
+    c = CONFIGS[hd][cfg]
+    dpad, qs = 64 * -(-hd // 64), q_stages(hd, cfg)
+    return qs * c.rows * dpad * 2 + c.stages * 2 * c.bc * dpad * 2 + _tma.SWIZZLE_ATOM_BYTES + 32 * c.stages + 16 * qs
 
 
 def map_spec(arr_ptr, strides, rows, heads, batch, hd, box_rows):
