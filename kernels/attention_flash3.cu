@@ -437,6 +437,23 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
             if (leader) qpipe.consumer_release(q_it);
             finish(q0, h, b);
             store();
+        } else if (q0 + 64 * w >= Sq) {
+            // Every row of this warpgroup is past the end of Q (the last tile of a tiling
+            // of 192 rows can be two-thirds empty): no wgmma and no softmax; it only keeps
+            // the protocol, taking its turns and releasing each stage after it was filled
+            // (an earlier arrival could complete the stage's previous empty phase).
+            if (!token_in_play && w == NC - 1) your_turn();
+            token_in_play = true;
+            if (out.valid) store();
+            for (int j = 0; j <= tiles; ++j) {
+                if (j < tiles) kpipe.consumer_wait(kv + j);
+                if (j > 0) vpipe.consumer_wait(kv + j - 1);
+                my_turn();
+                your_turn();
+                if (leader && j < tiles) kpipe.consumer_release(kv + j);
+                if (leader && j > 0) vpipe.consumer_release(kv + j - 1);
+            }
+            if (leader) qpipe.consumer_release(q_it);
         } else {
             if (!token_in_play && w == NC - 1) your_turn();
             token_in_play = true;

@@ -74,12 +74,15 @@ CONFIGS = {
     256: {"c80s2p_pg": Config(80, 2, PINGPONG, True), "c80s2p": Config(80, 2, PINGPONG, False)},
 }
 MAX_WORK_TILES = 2**31 - 1  # the kernel counts work tiles in an int (and a grid's x extent)
-# The default under a causal mask (the first of CONFIGS otherwise): one block a work tile.
-# Measured on an H100 (bf16, benchmarks/attention_sweep.py, NOTES): causal work tiles differ
-# in length up to the sequence's tiles, and the persistent grid's fixed round robin left
-# SMs idle at the end (0.87-0.90x cuDNN against 0.96-1.05x with the hardware handing out
-# blocks as SMs free up); without a mask the persistent grid was 0.5-1 % faster.
-CAUSAL_CONFIG = {64: "m192c128s3p", 96: "c128s2p", 128: "c128s2p", 256: "c80s2p"}
+# The default under a causal mask (the first of CONFIGS otherwise). Measured (bf16,
+# benchmarks/attention_sweep.py, NOTES 72, 80): causal work tiles differ in length up to
+# the sequence's tiles, and a persistent grid's fixed round robin leaves SMs idle at the end
+# where the hardware, handing out one block a tile, gives the next block to the SM that
+# frees first: one block a tile at head_dim 96, 128 and 256 (0.99-1.01x cuDNN at 128
+# against 0.98-1.00x). At head_dim 64 the persistent grid won (1.00-1.01x against
+# 0.95-0.96x, H100) once the empty warpgroups of a sequence's last 192-row tile stopped
+# computing.
+CAUSAL_CONFIG = {64: "m192c128s3p_pg", 96: "c128s2p", 128: "c128s2p", 256: "c80s2p"}
 # Key tiles: 192 at head_dim 64 and 80 at 256 (FlashAttention-3's choices there) measured
 # (bf16, H100, results/h100-attention-flash3-sweep-tiles.txt) against 128 and 64: head_dim 64
 # 0.92x cuDNN against 0.87x without a mask, 0.86x against 0.84x causal; head_dim 256 0.98x
