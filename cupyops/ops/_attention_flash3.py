@@ -88,9 +88,11 @@ CAUSAL_CONFIG = {64: "m192c128s3p_pg", 96: "c128s2p", 128: "c128s2p", 256: "c80s
 # 0.92x cuDNN against 0.87x without a mask, 0.86x against 0.84x causal; head_dim 256 0.98x
 # against 0.94x, 1.10x against 1.05x.
 # Without a mask, head_dim 128 takes key tiles of 176 (FlashAttention-3's choice) from this
-# many keys: measured (bf16, H100) 0.8 % faster at 4096 and 2.5 % at 16384 than tiles of
-# 128, 2.4 % slower at 1024, where the 6 tiles of 176 round 1024 keys up to 1056.
-LONG_KV = 4096
+# many keys: measured (bf16, H100 and H200, NOTES 73, 81) 2-8 % faster than tiles of 128 at
+# 16384 keys in four runs of five; at 4096 0-4 % slower in five runs of five since the
+# consumers' changes of NOTES 81 (0.8 % faster before them); 2.4 % slower at 1024, where
+# the 6 tiles of 176 round 1024 keys up to 1056.
+LONG_KV = 8192
 # A head group's K and V (what its work tiles read again and again) are kept to this share
 # of the L2 cache (head_group), by default: 0 (a group is one KV head's query heads) without
 # a mask, where the order did not matter within 1 %; half of L2 under a causal mask, where it
