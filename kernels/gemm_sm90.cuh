@@ -1,6 +1,7 @@
 // gemm_sm90.cuh: what the sm_90a GEMM kernels (gemm_wgmma.cu, gemm_fp8.cu) share beyond the
 // Hopper layer of sm90.cuh: the warpgroup's size, where the ring starts, the order in which
-// a persistent grid walks its tiles, and the epilogue of tensor stores.
+// a persistent grid walks its tiles, the epilogue of tensor stores, and the flags by which
+// blocks hand partial tiles to each other (stream-K).
 #pragma once
 #include "sm90.cuh"
 
@@ -52,20 +53,34 @@ struct TileOrder {
 // of a 16-bit type, as two 64 x 64 boxes in the 128-byte swizzle.
 constexpr unsigned STAGING_BYTES = 64 * 128 * 2;
 
+// Writes the 8-column block j of a warpgroup's 64 x N outputs (value(i, h, c): accumulator
+// i, the m64nN layout) into the staging box at `box` (64 x 64, 128-byte swizzle) as that
+// box's 8-column block `col8`: chunk col8 of row r sits at chunk col8 ^ (r % 8), so a
+// warp's 4-byte writes (8 rows x 4 column pairs) land in 32 distinct banks.
+template <typename T, typename Value>
+__device__ __forceinline__ void stage_8_columns(const Value& value, unsigned box, int col8, int j) {
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = 16 * warp + lane / 4 + 8 * h, c = 8 * j + 2 * (lane % 4);
+        const unsigned addr = box + r * 128u + ((col8 ^ (r % 8)) << 4) + (lane % 4) * 4u;
+        const unsigned v = pack2<T>(value(4 * j + 2 * h, h, c), value(4 * j + 2 * h + 1, h, c + 1));
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+    }
+}
+
 // The epilogue of one warpgroup through shared memory and tensor stores, for a 16-bit D
 // described by tensor map `mapD` (boxes of 64 x 64): its 64 x BN outputs, value(i, h, c)
 // for accumulator i (the m64nN layout: row 16 * warp + lane / 4 + 8 * h, column c of the
 // tile), go out in parts of (at most) 128 columns, each staged in the 128-byte swizzle at
-// `buf` (STAGING_BYTES) and stored by the warpgroup's first thread. A warp's 4-byte
-// writes (8 rows x 4 column pairs) land in 32 distinct banks: chunk c of row r sits at
-// chunk c ^ (r % 8). The copy engine clips what lies past D's extent, so edges need no
+// `buf` (STAGING_BYTES, by stage_8_columns) and stored by the warpgroup's first thread.
+// The copy engine clips what lies past D's extent, so edges need no
 // masks. The stores run on while the warpgroup goes on to its next tile; only the staging
 // buffer waits for them to have read it. `bar_id`: this warpgroup's named barrier.
 template <typename T, int BN, typename Value>
 __device__ __forceinline__ void store_tile_tma(const Value& value, const TmaMap* mapD, unsigned buf, int m_row,
                                                int n0, int z, int bar_id, bool leader) {
     static_assert(sizeof(T) == 2 && BN % 64 == 0, "tensor-store epilogue: 16-bit D, whole 64-column boxes");
-    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     constexpr int BOXES = BN / 64;
 #pragma unroll
     for (int half = 0; half < (BOXES + 1) / 2; ++half) {
@@ -75,15 +90,8 @@ __device__ __forceinline__ void store_tile_tma(const Value& value, const TmaMap*
 #pragma unroll
         for (int jj = 0; jj < 16; ++jj) {
             if (jj >= 8 * boxes) break;
-            const int j = 16 * half + jj;  // the 8-column block of the accumulators
-            const unsigned box = buf + (jj / 8) * 8192u;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = 16 * warp + lane / 4 + 8 * h, c = 8 * j + 2 * (lane % 4);
-                const unsigned addr = box + r * 128u + (((jj % 8) ^ (r % 8)) << 4) + (lane % 4) * 4u;
-                const unsigned v = pack2<T>(value(4 * j + 2 * h, h, c), value(4 * j + 2 * h + 1, h, c + 1));
-                asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-            }
+            // (the 8-column block 16 * half + jj of the accumulators)
+            stage_8_columns<T>(value, buf + (jj / 8) * 8192u, jj % 8, 16 * half + jj);
         }
         fence_proxy_async();  // these generic-proxy writes before the tensor store reads them
         named_barrier_sync(bar_id, WG);
@@ -93,6 +101,47 @@ __device__ __forceinline__ void store_tile_tma(const Value& value, const TmaMap*
             bulk_commit();
         }
     }
+}
+
+// store_tile_tma in one pass for the tiles of at most 256 columns: the parts of 128 columns
+// go to two staging buffers, `buf_lo` (columns 0-127) and `buf_hi` (columns 128-255), so
+// the second part is written while the first one's stores run, instead of waiting for
+// them to have read a shared buffer (store_tile_tma's second part waits so). The caller
+// has made both buffers free of earlier stores' reads (bulk_wait_read) and of every other
+// reader, and synchronised the warpgroup after that.
+template <typename T, int BN, typename Value>
+__device__ __forceinline__ void store_tile_tma_two_buffers(const Value& value, const TmaMap* mapD, unsigned buf_lo,
+                                                           unsigned buf_hi, int m_row, int n0, int z, int bar_id,
+                                                           bool leader) {
+    static_assert(sizeof(T) == 2 && BN % 64 == 0 && BN <= 256, "two-buffer epilogue: 16-bit D, 64..256 columns");
+    constexpr int BOXES = BN / 64;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)  // the 8-column block of the accumulators
+        stage_8_columns<T>(value, (j < 16 ? buf_lo : buf_hi) + ((j % 16) / 8) * 8192u, j % 8, j);
+    fence_proxy_async();  // these generic-proxy writes before the tensor stores read them
+    named_barrier_sync(bar_id, WG);
+    if (leader) {
+#pragma unroll
+        for (int b = 0; b < BOXES; ++b)
+            tma_store_3d(mapD, (b < 2 ? buf_lo : buf_hi) + (b % 2) * 8192u, n0 + 64 * b, m_row, z);
+        bulk_commit();
+    }
+}
+
+// ------------------------------------------------------------- flags between blocks
+// A stream-K GEMM hands partial tiles from block to block through global memory: the
+// writer's warpgroup stores its partial, synchronises, and its first thread publishes a
+// flag with release semantics at GPU scope (after a fence, so that the other threads'
+// stores, ordered before it by the barrier, are covered); the reader's first thread spins
+// on the flag with acquire semantics, then synchronises its warpgroup before anyone reads.
+__device__ __forceinline__ void flag_publish(int* flag, int value) {
+    __threadfence();
+    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
+}
+__device__ __forceinline__ int flag_read(const int* flag) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+    return v;
 }
 
 }  // namespace sm90

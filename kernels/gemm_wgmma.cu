@@ -24,7 +24,12 @@
 //                     With beta == 0 the epilogue goes through shared memory and tensor
 //                     stores, which drain while the next tile's wgmmas run. BN = 256, or
 //                     192 / 128 where the wide tiles would leave SMs idle; CLUSTER = 2 pairs
-//                     blocks on tiles stacked along M that multicast halves of their B.
+//                     blocks on tiles stacked along M that multicast halves of their B;
+//                     EPI = EPI_LENT stages the epilogue in one pass, its second half in a
+//                     ring stage lent by the producer (gwg::EPI_*).
+//   3. gemm_wgmma_ws_sk  the same with stream-K for the tiles past the last whole wave:
+//                     their k-tiles cut into one range a block, partial tiles handed from
+//                     block to block through a workspace and added in a fixed order.
 //
 // Operands: the launcher (cupyops/ops/_gemm_wgmma.py) describes A and B by 3-D tensor maps
 // (elements innermost, then rows, then the batch) with 128-byte swizzle. A K-contiguous
@@ -40,13 +45,16 @@
 // Launch geometry (cupyops/ops/_gemm_wgmma.py computes it):
 //   gemm_wgmma<T, TA, TB, STAGES>: block 128; grid (cdiv(M, 64) * cdiv(N, 256), 1, batch');
 //       dynamic shared memory STAGES * 40 KB + 1 KB (ring alignment) + 16 * STAGES.
-//   gemm_wgmma_ws<T, TA, TB, BN, STAGES, CLUSTER>: block 384, clusters of CLUSTER blocks along x
+//   gemm_wgmma_ws<T, TA, TB, BN, STAGES, CLUSTER, EPI>: block 384, clusters of CLUSTER blocks along x
 //       (given at launch, cuLaunchKernelEx: a kernel compiled with __cluster_dims__(1, 1, 1)
 //       ran 8-9 % slower than with none, so the size is not fixed in the kernel);
 //       grid (CLUSTER * min(units * batch, clusters that fit at once), 1, 1) with units =
 //       cdiv(M, 128 * CLUSTER) * cdiv(N, BN); shared memory STAGES * (128 + BN) * 128 +
 //       32 KB (the epilogue's staging) + 1 KB + 16 * STAGES. mapD describes D for the epilogue's tensor
 //       stores (store_by_tma != 0, where beta == 0 and a map fits D; else direct stores).
+//   gemm_wgmma_ws_sk<T, TA, TB, BN, STAGES, EPI>: as gemm_wgmma_ws with CLUSTER = 1; grid
+//       the SMs where whole waves run, else the blocks that share the tiles' k-tiles
+//       (_gemm_wgmma.streamk_plan); `work`: the flags (zeroed) and a partial tile a block.
 //   batch' = min(batch, 65535); gemm_wgmma loops z over the rest of the stack.
 #include "gemm_common.cuh"
 #include "gemm_sm90.cuh"
@@ -198,14 +206,76 @@ __global__ void __launch_bounds__(WG, 1)
 // ------------------------------------------------------------------------- 2. gemm_wgmma_ws
 // (registers: gemm_sm90.cuh's producer / consumer split)
 
-template <typename T, bool TA, bool TB, int BN, int STAGES, int CLUSTER>
-__global__ void __launch_bounds__(WS_THREADS, 1)
-    gemm_wgmma_ws(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB,
-                  const __grid_constant__ TmaMap mapD, int store_by_tma) {
-    using namespace gwg;
+namespace gwg {
+
+// The epilogues of gemm_wgmma_ws with beta == 0 (tensor stores; beta != 0 stores directly
+// either way):
+// - EPI_HALVES: each consumer warpgroup stages its 64 x BN outputs in parts of 128 columns
+//   through its 16 KB buffer; a part waits for the previous part's stores to have read the
+//   buffer, so both warpgroups sit through that read between the parts.
+// - EPI_LENT: the whole 64 x BN at once, columns 128 and up staged in the ring stage of the
+//   tile's last k-tile, which the consumers keep (do not release) for it and give back to
+//   the producer after the next tile's second k-tile was issued, once the stores have read
+//   it. No wait inside the epilogue; the producer runs ahead into the next tile on the
+//   other STAGES - 1 stages meanwhile.
+constexpr int EPI_HALVES = 0, EPI_LENT = 1;
+constexpr int BAR_CONSUMERS = 3;  // named barrier of both consumer warpgroups (1, 2: one each)
+
+// The work of a persistent grid: tiles [0, dp) whole, in the grouped order, the grid's
+// blocks (clusters) taking every step-th from `first`; with stream-K, the k-tiles of the
+// remaining tiles [dp, total) laid end to end tile by tile and cut into sk_blocks equal
+// ranges, block b < sk_blocks taking range b. A tile whose k-tiles fall in several ranges
+// is finished (its partials added, its epilogue run) by the block holding its last k-tile;
+// the others hand it their float32 partials through global memory.
+struct Schedule {
+    long long total, dp;
+    int KT, sk_blocks;
+
+    __device__ __forceinline__ long long sk_start(int b) const { return (total - dp) * KT * b / sk_blocks; }
+
+    // f(t, k0, k1) for each piece of this block's work: k-tiles [k0, k1) of tile t. A
+    // stream-K range is walked from its last piece to its first: the last is the head of a
+    // tile that a later block finishes (handed over first, so that block need not wait), the
+    // first the tail of a tile whose head earlier blocks hold (finished last, when they have
+    // handed theirs over). A block waits only for blocks of lower index, so a grid whose
+    // blocks start in index order cannot deadlock even if not all are resident at once.
+    template <bool SK, typename F>
+    __device__ __forceinline__ void walk(long long first, long long step, int b, F&& f) const {
+        for (long long t = first; t < dp; t += step) f(t, 0, KT);
+        if constexpr (SK) {
+            if (b >= sk_blocks) return;
+            const long long s = sk_start(b);
+            for (long long u = sk_start(b + 1); u > s;) {
+                const long long j = (u - 1) / KT, seg = max(s, j * KT);
+                f(dp + j, static_cast<int>(seg - j * KT), static_cast<int>(u - j * KT));
+                u = seg;
+            }
+        }
+    }
+};
+
+// The stream-K workspace: 2 flags a block (one a consumer warpgroup: its partial is
+// there), padded to 256 bytes, then a partial a block: its two warpgroups' 64 x BN float32
+// accumulators, float4 q of thread x of warpgroup g at float4 ((2 b + g) * BN / 8 + q) * 128
+// + x (every access a coalesced 2 KB row). The launcher sizes it and zeroes the flags.
+__device__ __forceinline__ int sk_flag_words(int sk_blocks) { return (2 * sk_blocks + 63) / 64 * 64; }
+
+template <int BN>
+__device__ __forceinline__ float4* sk_partial(int* work, int sk_blocks, int b, int g) {
+    return reinterpret_cast<float4*>(work + sk_flag_words(sk_blocks)) + (2ll * b + g) * (BN / 8) * WG +
+           threadIdx.x % WG;
+}
+
+template <typename T, bool TA, bool TB, int BN, int STAGES, int CLUSTER, int EPI, bool SK>
+__device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA, const TmaMap& mapB,
+                                              const TmaMap& mapD, int store_by_tma, int* work, long long dp_tiles,
+                                              int sk_blocks) {
     typedef Stage<TA, TB, 128, BN> S;
     static_assert(sizeof(T) == 2, "wgmma rungs: float16 and bfloat16");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 blocks along M");
+    static_assert(!SK || CLUSTER == 1, "stream-K: single blocks");
+    static_assert(EPI == EPI_HALVES || (EPI == EPI_LENT && CLUSTER == 1 && 2 * STAGING_BYTES <= S::BYTES),
+                  "the lent epilogue: single blocks, a stage that holds both warpgroups' second parts");
     extern __shared__ unsigned char smem_raw[];
     const unsigned ring = ring_base(smem_raw);
     const unsigned staging = ring + STAGES * S::BYTES;  // 16 KB a consumer warpgroup
@@ -223,21 +293,23 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const TileOrder order{cdiv(M, 128 * CLUSTER), cdiv(N, BN)};
     const int KT = cdiv(K, BK);
     const long long total = order.tiles() * batch;
+    const Schedule sched{total, SK ? dp_tiles : total, KT, sk_blocks};
     const long long first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
+    const int b = static_cast<int>(blockIdx.x);
     if (warpgroup() == 0) {  // producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x == 0) {
             unsigned it = 0;
-            for (long long t = first; t < total; t += step) {
+            sched.template walk<SK>(first, step, b, [&](long long t, int k0, int k1) {
                 const TileRef u = order.at(t);
-                for (int kt = 0; kt < KT; ++kt, ++it) {
+                for (int kt = k0; kt < k1; ++kt, ++it) {
                     pipe.producer_acquire(it);
                     pipe.producer_expect(it, S::BYTES);
                     S::template load<CLUSTER>(ring + pipe.stage(it) * S::BYTES, &mapA, &mapB, kt,
                                               (u.tm * CLUSTER + rank) * 128, u.tn * BN, sA ? u.z : 0,
                                               sB ? u.z : 0, pipe.full(it).addr, rank);
                 }
-            }
+            });
         }
         __syncwarp();
     } else {  // consumers: warpgroup 1 computes rows 0-63 of the tile, warpgroup 2 rows 64-127
@@ -246,31 +318,118 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         const bool leader = threadIdx.x % WG == 0;
         float acc[BN / 2];
         unsigned it = 0;
-        for (long long t = first; t < total; t += step) {
+        bool lent = false;  // EPI_LENT: the ring stage of position `lent_at` holds stores' data
+        unsigned lent_at = 0;
+        // (the leader: once the stores that read the lent stage have read it, back to the
+        // producer; both warpgroups' arrivals complete its empty phase)
+        const auto give_back = [&]() {
+            if (leader) {
+                bulk_wait_read<0>();
+                pipe.template consumer_release<CLUSTER>(lent_at);
+            }
+            lent = false;
+        };
+        sched.template walk<SK>(first, step, b, [&](long long t, int k0, int k1) {
             const TileRef u = order.at(t);
-            for (int kt = 0; kt < KT; ++kt, ++it) {
+            for (int kt = k0; kt < k1; ++kt, ++it) {
                 pipe.consumer_wait(it);
                 wgmma_fence();
-                S::template mma<T>(acc, ring + pipe.stage(it) * S::BYTES, a_row, kt > 0);
+                S::template mma<T>(acc, ring + pipe.stage(it) * S::BYTES, a_row, kt > k0);
                 wgmma_commit();
                 // The previous k-tile's group is done (this one may still run): its stage
                 // goes back to the producer(s).
                 wgmma_wait<1>();
-                if (kt > 0 && leader) pipe.template consumer_release<CLUSTER>(it - 1);
+                if (kt > k0 && leader) pipe.template consumer_release<CLUSTER>(it - 1);
+                if constexpr (EPI == EPI_LENT) {
+                    if (lent && kt > k0) give_back();
+                }
             }
             wgmma_wait<0>();
-            if (leader) pipe.template consumer_release<CLUSTER>(it - 1);
+            if constexpr (EPI == EPI_LENT) {
+                if (lent) give_back();  // (a piece of one k-tile)
+            }
+            // EPI_LENT keeps the last stage for the epilogue's second part
+            const bool lend = EPI == EPI_LENT && store_by_tma && k1 == KT;
+            if (!lend && leader) pipe.template consumer_release<CLUSTER>(it - 1);
             fence_regs(acc);
+            if constexpr (SK) {
+                const int g = warpgroup() - 1;
+                if (k1 < KT) {  // the head of a tile that a later block finishes: hand it over
+                    float4* dst = sk_partial<BN>(work, sk_blocks, b, g);
+#pragma unroll
+                    for (int q = 0; q < BN / 8; ++q)
+                        __stcg(dst + q * WG, make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
+                    named_barrier_sync(warpgroup(), WG);
+                    if (leader) flag_publish(work + 2 * b + g, 1);
+                    return;
+                }
+                if (k0 > 0) {  // the tail: add the heads, from the blocks before, in that order
+                    const long long unit0 = (t - sched.dp) * KT;  // the tile's first k-tile's unit
+                    for (int p = b - 1;; --p) {
+                        if (leader)
+                            while (flag_read(work + 2 * p + g) == 0) {
+                            }
+                        named_barrier_sync(warpgroup(), WG);
+                        const float4* src = sk_partial<BN>(work, sk_blocks, p, g);
+#pragma unroll
+                        for (int q = 0; q < BN / 8; ++q) {
+                            const float4 v = __ldcg(src + q * WG);
+                            acc[4 * q] += v.x;
+                            acc[4 * q + 1] += v.y;
+                            acc[4 * q + 2] += v.z;
+                            acc[4 * q + 3] += v.w;
+                        }
+                        if (sched.sk_start(p) <= unit0) break;
+                    }
+                }
+            }
             const int m_row = (u.tm * CLUSTER + rank) * 128 + a_row;
-            if (store_by_tma)  // (the launcher's choice: beta == 0 and a map of D)
-                store_tile_tma<T, BN>([&](int i, int, int) { return alpha * acc[i]; }, &mapD,
-                                      staging + (warpgroup() - 1) * STAGING_BYTES, m_row, u.tn * BN, sD ? u.z : 0,
-                                      warpgroup(), leader);
-            else
+            const auto scaled = [&](int i, int, int) { return alpha * acc[i]; };
+            if (lend) {
+                const int g = warpgroup() - 1;
+                if (leader) bulk_wait_read<0>();  // the staging buffer's last stores have read it
+                // both warpgroups' wgmmas are done with the stage that the second part takes
+                named_barrier_sync(BAR_CONSUMERS, 2 * WG);
+                lent = true;
+                lent_at = it - 1;
+                store_tile_tma_two_buffers<T, BN>(scaled, &mapD, staging + g * STAGING_BYTES,
+                                                  ring + pipe.stage(lent_at) * S::BYTES + g * STAGING_BYTES, m_row,
+                                                  u.tn * BN, sD ? u.z : 0, warpgroup(), leader);
+            } else if (store_by_tma) {  // (the launcher's choice: beta == 0 and a map of D)
+                store_tile_tma<T, BN>(scaled, &mapD, staging + (warpgroup() - 1) * STAGING_BYTES, m_row, u.tn * BN,
+                                      sD ? u.z : 0, warpgroup(), leader);
+            } else {
                 store_tile<T, BN>(acc, C + u.z * sC, D + u.z * sD, M, N, ldc, ldd, alpha, beta, m_row, u.tn * BN);
-        }
+            }
+        });
         if (leader) bulk_wait<0>();  // the tensor stores are done before the block ends
     }
     // No block leaves while another may still arrive on its barriers.
     if constexpr (CLUSTER > 1) cluster_sync();
 }
+
+}  // namespace gwg
+
+#define GWG_ARGS A, B, C, D, M, N, K, lda, ldb, ldc, ldd, sA, sB, sC, sD, batch, alpha, beta
+
+template <typename T, bool TA, bool TB, int BN, int STAGES, int CLUSTER, int EPI>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    gemm_wgmma_ws(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB,
+                  const __grid_constant__ TmaMap mapD, int store_by_tma) {
+    gwg::wgmma_ws_body<T, TA, TB, BN, STAGES, CLUSTER, EPI, false>(GWG_ARGS, mapA, mapB, mapD, store_by_tma, nullptr,
+                                                                   0, 0);
+}
+
+// gemm_wgmma_ws with the tiles past the last whole wave shared along K by every block
+// (stream-K): `work` the workspace of gwg::sk_partial with its flags zeroed, `dp_tiles`
+// the tiles walked whole, `sk_blocks` (<= the grid, >= 1 where tiles remain) the blocks
+// that share the rest.
+template <typename T, bool TA, bool TB, int BN, int STAGES, int EPI>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    gemm_wgmma_ws_sk(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB,
+                     const __grid_constant__ TmaMap mapD, int store_by_tma, int* work, long long dp_tiles,
+                     int sk_blocks) {
+    gwg::wgmma_ws_body<T, TA, TB, BN, STAGES, 1, EPI, true>(GWG_ARGS, mapA, mapB, mapD, store_by_tma, work, dp_tiles,
+                                                            sk_blocks);
+}
+#undef GWG_ARGS

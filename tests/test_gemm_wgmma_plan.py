@@ -49,7 +49,12 @@ def test_wave_model_picks_the_tile(M, N, K, cfg):
 def test_plan_geometry():
     cfg, pl = W.plan("wgmma_ws", problem(4096, 4096, 4096), "128x256", H100_SMS)
     assert (pl.grid, pl.block, pl.cluster) == ((132, 1, 1), (384,), 1)
-    assert pl.name == "gemm_wgmma_ws<__nv_bfloat16, false, true, 256, 4, 1>"
+    assert pl.name == "gemm_wgmma_ws<__nv_bfloat16, false, true, 256, 4, 1, 0>"
+    # the lent epilogue is a template argument; stream-K its own kernel with its own grid
+    _, pl = W.plan("wgmma_ws", problem(4096, 4096, 4096), "128x256lent", H100_SMS)
+    assert pl.name == "gemm_wgmma_ws<__nv_bfloat16, false, true, 256, 4, 1, 1>" and pl.grid == (132, 1, 1)
+    _, pl = W.plan("wgmma_ws", problem(512, 4096, 4096), "128x256sk", H100_SMS)
+    assert pl.name == "gemm_wgmma_ws_sk<__nv_bfloat16, false, true, 256, 4, 0>" and pl.grid == (132, 1, 1)
     # a cluster of 2 walks units of two tiles along M; as many clusters as fit
     _, pl = W.plan("wgmma_ws", problem(4096, 4096, 4096), "128x256c2", H100_SMS, clusters=60)
     assert (pl.grid, pl.cluster) == ((120, 1, 1), 2)
@@ -179,3 +184,80 @@ def test_auto_picks_wgmma_ws_on_hopper_except_where_mma_splits_k():
     assert G.auto_impl("float16", 128, 256, 4096, hopper_sms=H100_SMS, single=False) == "wgmma_ws"
     assert G.auto_impl("float16", 16, 4096, 4096, hopper_sms=H100_SMS) == "mma"  # decode
     assert G.auto_impl("float32", 4096, 4096, 4096, hopper_sms=H100_SMS) == "pipelined"
+
+
+@pytest.mark.parametrize("M,N,K,batch,dp,sk_blocks,grid", [
+    (512, 28672, 4096, 1, 396, 132, 132),  # 448 tiles: 3 whole waves, 52 tiles' 3328 k-tiles shared
+    (512, 4096, 4096, 1, 0, 132, 132),     # 64 tiles, none whole: 4096 k-tiles over every SM
+    (512, 4096, 14336, 1, 0, 132, 132),
+    (4096, 4096, 4096, 1, 396, 132, 132),  # 512 tiles: the last 116 shared
+    (1024, 4096, 4096, 33, 4224, 0, 132),  # 4224 tiles, 32 whole waves: nothing shared
+    (296, 520, 712, 1, 0, 13, 13),         # 9 tiles of 12 k-tiles: ranges of >= 8 k-tiles
+    (200, 1000, 136, 1, 0, 8, 8),          # 8 tiles of 3 k-tiles: a range a tile, no partial
+])
+def test_streamk_plan(M, N, K, batch, dp, sk_blocks, grid):
+    t = W.TILES["wgmma_ws"]["128x256sk"]
+    sk = W.streamk_plan(problem(M, N, K, batch=batch), t, H100_SMS)
+    assert (sk.dp_tiles, sk.sk_blocks, sk.grid) == (dp, sk_blocks, grid)
+    assert sk.flag_bytes % 256 == 0 and sk.flag_bytes >= 8 * sk_blocks
+    assert sk.work_bytes == sk.flag_bytes + sk_blocks * 2 * 64 * 256 * 4  # a float32 128x256 tile a block
+
+
+def walk(sk, tiles, kt, b):
+    """The pieces (tile, k0, k1) of block b in the order gemm_wgmma.cu's Schedule::walk
+    (its stream-K part) gives them: the block's range of the shared k-tiles, last piece
+    first. A transcription of the kernel's loop, to check the plan's numbers against."""
+    if b >= sk.sk_blocks:
+        return []
+    start = lambda i: (tiles - sk.dp_tiles) * kt * i // sk.sk_blocks  # noqa: E731
+    s, u, out = start(b), start(b + 1), []
+    while u > s:
+        j = (u - 1) // kt
+        seg = max(s, j * kt)
+        out.append((sk.dp_tiles + j, seg - j * kt, u - j * kt))
+        u = seg
+    return out
+
+
+@pytest.mark.parametrize("M,N,K,sms,min_k", [
+    (512, 28672, 4096, 132, 8), (512, 4096, 4096, 132, 8), (296, 520, 712, 132, 8), (2056, 2312, 200, 132, 1),
+    (128, 256, 4096, 132, 1), (4096, 4096, 4096, 114, 8)])
+def test_streamk_pieces_cover_every_k_tile_once(M, N, K, sms, min_k, monkeypatch):
+    # every k-tile of every shared tile is in exactly one block's range; a block hands over
+    # at most one partial (its last piece, when it does not end a tile: the slot of the
+    # workspace is the block's); the block that ends a tile finds the others' partials in
+    # blocks b - 1, b - 2, ... down to the one whose range starts at or before the tile's
+    # start, each of lower index (it waits only for blocks of lower index)
+    monkeypatch.setattr(W, "SK_MIN_K_TILES", min_k)
+    t = W.TILES["wgmma_ws"]["128x256sk"]
+    p = problem(M, N, K)
+    sk = W.streamk_plan(p, t, sms)
+    tiles = (-(-M // 128)) * (-(-N // 256))
+    kt = -(-K // 64)
+    start = lambda i: (tiles - sk.dp_tiles) * kt * i // sk.sk_blocks  # noqa: E731
+    assert sk.sk_blocks <= sk.grid <= sms and (tiles - sk.dp_tiles) * kt >= sk.sk_blocks
+    seen, holders = {}, {}
+    for b in range(sk.grid):
+        pieces = walk(sk, tiles, kt, b)
+        partials = [pc for pc in pieces if pc[2] < kt]
+        assert len(partials) <= 1 and (not partials or partials[0] == pieces[0])
+        for tile, k0, k1 in pieces:
+            assert k0 < k1
+            holders.setdefault(tile, []).append((k0, b))
+            for k in range(k0, k1):
+                assert (tile, k) not in seen
+                seen[tile, k] = b
+    assert len(seen) == (tiles - sk.dp_tiles) * kt
+    for tile, held in holders.items():
+        finisher = max(b for _, b in held)
+        k0 = [k for k, b in held if b == finisher][0]
+        unit0 = (tile - sk.dp_tiles) * kt
+        peers, q = [], finisher - 1
+        while k0 > 0:  # the kernel's loop over the blocks before
+            peers.append(q)
+            if start(q) <= unit0:
+                break
+            q -= 1
+        assert sorted(peers) == sorted(b for _, b in held if b != finisher)
+    if min_k == 1 and (M, N) == (2056, 2312):
+        assert max(len(h) for h in holders.values()) >= 3  # a tile in three ranges or more

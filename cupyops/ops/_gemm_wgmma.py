@@ -14,7 +14,19 @@ current stream, for float16 and bfloat16 on a compute-capability 9.0 GPU (H100, 
 ``128x128`` (6 stages), and ``128x256c2``: pairs of blocks in clusters of 2 that take two
 tiles stacked along M, each copying its A and half of the shared B columns, multicast to
 both (B crosses L2 once for the pair), the persistent grid as many clusters as the driver
-says fit at once (``_launch.max_active_clusters``). ``None`` picks by a wave model
+says fit at once (``_launch.max_active_clusters``). Two more, written and not yet timed
+(NOTES 79), which ``None`` does not pick yet:
+
+- ``128x256lent``: the tensor-store epilogue in one pass, its second half staged in the
+  ring stage of the tile's last k-tile, which the consumers keep until the stores have read
+  it (no wait for the first half's stores inside the epilogue).
+- ``128x256sk``: stream-K for the tiles past the last whole wave (``streamk_plan``): the
+  k-tiles of those tiles are cut into one range per block; a block that holds the head of a
+  tile hands its float32 partial to the block that holds its tail through a workspace, and
+  that block adds them in a fixed order (results are deterministic for a given SM count)
+  and runs the epilogue once.
+
+``None`` picks by a wave model
 (``pick_config``): a tile's time is taken as BN / EFFICIENCY[BN] and the grid's as the
 rounds of tiles over the SMs times that; fewer, wider tiles win ties. The narrower tiles
 are for problems whose 128 x 256 tiles leave SMs idle (a 512-token prefill: 512 x 4096
@@ -47,18 +59,24 @@ VARIANTS = {
 DTYPES = {impl: ("float16", "bfloat16") for impl in VARIANTS}
 
 
+EPI_HALVES, EPI_LENT = 0, 1  # gemm_wgmma.cu's epilogues (gwg::EPI_*)
+
+
 @dataclasses.dataclass(frozen=True)
 class Tile:
     bm: int  # rows of A a block (a tile)
     bn: int  # columns of B a tile
     stages: int  # depth of the ring
     cluster: int = 1  # blocks a cluster, tiles stacked along M
+    epilogue: int = EPI_HALVES  # of beta == 0: staged in two halves, or the second in a lent stage
+    streamk: bool = False  # the tiles past the last whole wave shared along K by every block
 
 
 TILES = {
     "wgmma": {None: Tile(64, 256, 4)},
     "wgmma_ws": {"128x256": Tile(128, 256, 4), "128x192": Tile(128, 192, 4), "128x128": Tile(128, 128, 6),
-                 "128x256c2": Tile(128, 256, 4, 2)},
+                 "128x256c2": Tile(128, 256, 4, 2), "128x256lent": Tile(128, 256, 4, epilogue=EPI_LENT),
+                 "128x256sk": Tile(128, 256, 4, streamk=True)},
 }
 CONFIGS = {impl: tuple(c for c in TILES[impl] if c is not None) for impl in VARIANTS}
 # Guessed relative throughput of a 128 x BN tile (a narrower tile re-reads A for fewer
@@ -90,7 +108,9 @@ def _name(impl, dtype, ta, tb, tile):
     t = _dtypes.cuda_type(dtype)
     if impl == "wgmma":
         return template_name("gemm_wgmma", t, ta, tb, tile.stages)
-    return template_name("gemm_wgmma_ws", t, ta, tb, tile.bn, tile.stages, tile.cluster)
+    if tile.streamk:
+        return template_name("gemm_wgmma_ws_sk", t, ta, tb, tile.bn, tile.stages, tile.epilogue)
+    return template_name("gemm_wgmma_ws", t, ta, tb, tile.bn, tile.stages, tile.cluster, tile.epilogue)
 
 
 def _expressions():
@@ -115,6 +135,37 @@ def pick_config(p, sm_count):
     return best
 
 
+# Stream-K: a block's range is at least this many k-tiles where the tiles allow (a partial
+# costs its block a 128 KB float32 write and the finishing block a read of it, ~1 us each
+# at the L2's share of an SM, against ~0.55 us of wgmmas a k-tile of 128 x 256 on an H100).
+SK_MIN_K_TILES = 8
+SK_FLAG_WORDS = 64  # the flags (int32, 2 a block) are padded to 256 bytes, gwg::sk_flag_words
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamK:
+    dp_tiles: int  # tiles walked whole by the grid (whole waves)
+    sk_blocks: int  # blocks that share the k-tiles of the remaining tiles (0: none remain)
+    grid: int  # persistent blocks
+    flag_bytes: int  # the workspace's flags, zeroed before each launch
+    work_bytes: int  # the flags and a float32 partial tile a block
+
+
+def streamk_plan(p, tile, sm_count):
+    """wgmma_ws's stream-K split of ``p`` on ``sm_count`` SMs (a plain function of numbers):
+    the tiles that fill whole waves run whole; the k-tiles of the rest (fewer tiles than
+    SMs) are cut into ``sk_blocks`` equal ranges, as many as the SMs or as give each range
+    at least ``SK_MIN_K_TILES`` k-tiles, and never fewer than those tiles (a range a tile)."""
+    tiles = _launch.cdiv(p.M, tile.bm) * _launch.cdiv(p.N, tile.bn) * p.batch
+    kt = _launch.cdiv(p.K, BK)
+    dp = tiles // sm_count * sm_count
+    rest = tiles - dp
+    sk_blocks = min(sm_count, max(rest, rest * kt // SK_MIN_K_TILES)) if rest else 0
+    grid = sm_count if dp else sk_blocks
+    flags = _launch.cdiv(2 * sk_blocks, SK_FLAG_WORDS) * SK_FLAG_WORDS * 4
+    return StreamK(dp, sk_blocks, grid, flags, flags + sk_blocks * tile.bm * tile.bn * 4)
+
+
 def plan(impl, p, config=None, sm_count=132, clusters=None):
     """(config, ``_launch.Launch``) of rung ``impl`` on problem ``p`` (a plain function of
     numbers: the CPU tier checks it). ``clusters``: how many clusters of a clustered
@@ -123,7 +174,9 @@ def plan(impl, p, config=None, sm_count=132, clusters=None):
     if impl == "wgmma_ws" and config is None:
         config = pick_config(p, sm_count)
     t = tile_of(impl, config)
-    if impl == "wgmma_ws":  # persistent: a cluster a slot walks units of `cluster` tiles along M
+    if impl == "wgmma_ws" and t.streamk:
+        grid = (streamk_plan(p, t, sm_count).grid, 1, 1)
+    elif impl == "wgmma_ws":  # persistent: a cluster a slot walks units of `cluster` tiles along M
         units = _launch.cdiv(p.M, t.bm * t.cluster) * _launch.cdiv(p.N, t.bn) * p.batch
         grid = (t.cluster * min(units, clusters or sm_count // t.cluster), 1, 1)
     else:
@@ -200,7 +253,7 @@ def require_gpu(impl, props):
         raise ValueError(f"impl: {why}")
 
 
-_PLANS = {}  # memoized (Tile, Launch) per (impl, GemmProblem.shape_key, config, device)
+_PLANS = {}  # memoized (Tile, Launch, StreamK or None) per (impl, GemmProblem.shape_key, config, device, ...)
 _SLOTS = {}  # clusters that fit at once, per (kernel name, device)
 
 
@@ -233,9 +286,10 @@ def launch(impl, p, config=None):
         if t.cluster > 1:
             slots = _cluster_slots(pl.name, t, props, device)
             pl = plan(impl, p, cfg, props.sm_count, slots)[1]
-        return t, pl
+        return t, pl, streamk_plan(p, t, props.sm_count) if t.streamk else None
 
-    tile, pl = _launch.memo(_PLANS, (impl, p.shape_key(), config, device), build)
+    # (the stream-K split, and with it the grid, depends on SK_MIN_K_TILES too)
+    tile, pl, sk = _launch.memo(_PLANS, (impl, p.shape_key(), config, device, SK_MIN_K_TILES), build)
     maps = tensor_maps(p, tile)
     if maps is None:
         _gemm_mma.launch("mma", p)
@@ -244,4 +298,20 @@ def launch(impl, p, config=None):
     if impl == "wgmma_ws":
         d_map, by_tma = output_map(p)
         args += (d_map, np.int32(by_tma))
+    if sk is not None:
+        work = _streamk_workspace(sk)
+        args += (np.uint64(work.ptr if work is not None else 0), np.int64(sk.dp_tiles), np.int32(sk.sk_blocks))
     pl(args)
+
+
+def _streamk_workspace(sk):
+    """The stream-K workspace from CuPy's current allocator, its flags zeroed on the current
+    stream (None when no tile is shared). Freed when the caller drops it: the pool hands it
+    out again only to work queued after this launch on the same stream."""
+    if not sk.sk_blocks:
+        return None
+    import cupy
+
+    work = cupy.cuda.alloc(sk.work_bytes)
+    cupy.cuda.runtime.memsetAsync(work.ptr, 0, sk.flag_bytes, cupy.cuda.get_current_stream().ptr)
+    return work
