@@ -30,7 +30,7 @@ CASES = {
 }
 # the sm_90a rungs: the squares and Llama-3-8B prefill projections (4096 and 512 tokens)
 _HOPPER = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 2048), (4096, 6144, 4096), (4096, 28672, 4096),
-           (4096, 4096, 14336), (512, 6144, 4096), (512, 4096, 14336)]
+           (4096, 4096, 14336), (512, 6144, 4096), (512, 4096, 14336), (512, 4096, 4096), (512, 28672, 4096)]
 CASES["wgmma"] = CASES["wgmma_ws"] = [(d, s) for s in _HOPPER for d in ("bfloat16", "float16")]
 # the mma rung's tiles on the decode shapes ("--only mma_decode"): where a wide N gives
 # its plain tiles a full wave, it competes with skinny

@@ -6,8 +6,9 @@ the float8 scaled_matmul), for compute-sanitizer:
 
 Every layout, edges in M, N and K (extents multiples of 8 so that tensor maps describe
 them, none a multiple of a tile), a stack with a broadcast operand, beta == 0 (the
-tensor-store epilogue) and beta != 0 (direct stores), and one problem of more tiles than
-SMs for every wgmma_ws configuration. Each result is checked against the
+tensor-store epilogue) and beta != 0 (direct stores), one problem of more tiles than
+SMs for every wgmma_ws configuration, and stream-K (128x256sk) with its tiles cut into
+pieces of one k-tile, so that blocks hand partials to each other through the workspace. Each result is checked against the
 float64 reference, so a run that the sanitizer passes is also a right one.
 """
 import cupy as cp
@@ -54,6 +55,25 @@ def main():
         err = reference.rel_error(d.get(), ref)
         assert err < 1e-2, (cfg, err)
         cases += 1
+    # stream-K with ranges of one k-tile (SK_MIN_K_TILES = 1): tiles cut into pieces held by
+    # two to four blocks, after whole waves (the 2056 x 2312 problem: 170 tiles) or with
+    # none; a broadcast stack, beta == 0 (tensor stores) and beta != 0 (direct stores)
+    W.SK_MIN_K_TILES, default = 1, W.SK_MIN_K_TILES
+    try:
+        for (M, N, K), batch, beta, tb in (((72, 264, 136), (2,), 0.0, True), ((72, 264, 136), (2,), 0.5, False),
+                                           ((2056, 2312, 200), (), 0.0, True), ((2056, 2312, 200), (), 0.5, True)):
+            a = cp.asarray(rng.standard_normal(batch + (M, K)).astype(np.float32)).astype(cp.float16)
+            b = cp.asarray(rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)).astype(cp.float16)
+            c = cp.asarray(rng.standard_normal(batch + (M, N)).astype(np.float32)).astype(cp.float16) if beta else None
+            ref = reference.gemm(a.get(), b.get(), None if c is None else c.get(), 1.0, beta, False, tb)
+            d = cp.full(batch + (M, N), np.nan, cp.float16)
+            for p in G._problems("float16", False, tb, M, N, K, a, b, c, d, batch, 1.0, beta, cp):
+                W.launch("wgmma_ws", p, "128x256sk")
+            err = reference.rel_error(d.get(), ref)
+            assert err < 1e-2, ("128x256sk split", M, N, K, batch, beta, tb, err)
+            cases += 1
+    finally:
+        W.SK_MIN_K_TILES = default
     # the float8 GEMM: every tile, each epilogue (tensor stores: bfloat16 out, one scale for
     # B; direct: per-column scales with a bias, and float32 out), edges in M, N and K, and
     # more tiles than SMs

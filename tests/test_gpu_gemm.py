@@ -428,9 +428,8 @@ def test_wgmma_runs_its_kernel_every_layout(impl, cfg, dtype, monkeypatch):
                 what = f"{impl} {cfg} {dtype} {M}x{N}x{K} ta={ta} tb={tb} {batch_a}/{batch_b} beta={beta}"
                 check(d, ref, dtype, K, what)
                 t = mod.tile_of(impl, cfg)
-                suffix = f", {t.bn}, {t.stages}, {t.cluster}>" if impl == "wgmma_ws" else f", {t.stages}>"
-                assert launched and all(n.startswith(f"gemm_{impl}<") and n.endswith(suffix) for n in launched), (
-                    what, launched)
+                names = {mod._name(impl, dtype, "true" if ta else "false", "true" if tb else "false", t)}
+                assert launched and set(launched) == names, (what, launched)
                 if impl == "wgmma_ws":
                     assert by_tma == [int(beta == 0 and N % 8 == 0)] * len(by_tma) and by_tma, (what, by_tma)
 
@@ -490,3 +489,40 @@ def test_wgmma_ws_blocks_walk_several_tiles(cfg, dtype):
                            None if c is None else cp.asarray(c), d, (), 1.0, beta, cp)
         G._gemm_wgmma.launch("wgmma_ws", p, cfg)
         check(d, ref, dtype, K, f"wgmma_ws {cfg} {dtype} {M}x{N}x{K} tb={tb} beta={beta}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_wgmma_ws_streamk_hands_partials_over(dtype, monkeypatch):
+    # stream-K with ranges of one k-tile, so that nearly every shared tile is cut into
+    # pieces held by two or more blocks (a tile of 4 k-tiles in up to 4 ranges; one tile of
+    # 64 k-tiles in 64): whole waves before the shared tiles (170 tiles on 132 SMs), edges in
+    # M, N and K, a stack with a broadcast operand, beta != 0 (direct stores, C read once
+    # by the finishing block) and beta == 0 (tensor stores), both operand majors; then the
+    # same call again, which must give the same bits (the partials are added in a fixed
+    # order)
+    require("wgmma_ws")
+    cp = _cp()
+    mod = G._gemm_wgmma
+    monkeypatch.setattr(mod, "SK_MIN_K_TILES", 1)
+    rng = np.random.default_rng()
+    cases = [((2056, 2312, 200), (), (), False, True, 1.0, -0.5), ((2056, 2312, 200), (), (), True, False, 2.0, 0.0),
+             ((296, 520, 712), (3,), (1,), False, False, 1.5, -0.5), ((296, 520, 712), (2,), (2,), True, True, -1.0, 0.0),
+             ((128, 256, 4096), (), (), False, True, 1.0, 0.0), ((72, 264, 136), (2,), (), False, True, 1.0, 0.5)]
+    for (M, N, K), batch_a, batch_b, ta, tb, alpha, beta in cases:
+        a = rand(rng, batch_a + ((K, M) if ta else (M, K)), dtype)
+        b = rand(rng, batch_b + ((N, K) if tb else (K, N)), dtype)
+        batch = np.broadcast_shapes(batch_a, batch_b)
+        c = rand(rng, batch + (M, N), dtype) if beta else None
+        ref = reference.gemm(a, b, c, alpha, beta, ta, tb)
+        outs = []
+        for _ in range(2):
+            d = poisoned(batch + (M, N), _dtypes.to_dtype(dtype))
+            for p in G._problems(dtype, ta, tb, M, N, K, cp.asarray(a), cp.asarray(b),
+                                 None if c is None else cp.asarray(c), d, batch, alpha, beta, cp):
+                sk = mod.streamk_plan(p, mod.tile_of("wgmma_ws", "128x256sk"), _launch.device_props().sm_count)
+                assert sk.sk_blocks > 0
+                mod.launch("wgmma_ws", p, "128x256sk")
+            outs.append(d)
+        what = f"wgmma_ws 128x256sk {dtype} {M}x{N}x{K} ta={ta} tb={tb} {batch_a}/{batch_b} beta={beta}"
+        check(outs[0], ref, dtype, K, what)
+        assert bool((outs[0].view(cp.uint16) == outs[1].view(cp.uint16)).all()), what
