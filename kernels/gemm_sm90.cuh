@@ -103,31 +103,6 @@ __device__ __forceinline__ void store_tile_tma(const Value& value, const TmaMap*
     }
 }
 
-// store_tile_tma in one pass for the tiles of at most 256 columns: the parts of 128 columns
-// go to two staging buffers, `buf_lo` (columns 0-127) and `buf_hi` (columns 128-255), so
-// the second part is written while the first one's stores run, instead of waiting for
-// them to have read a shared buffer (store_tile_tma's second part waits so). The caller
-// has made both buffers free of earlier stores' reads (bulk_wait_read) and of every other
-// reader, and synchronised the warpgroup after that.
-template <typename T, int BN, typename Value>
-__device__ __forceinline__ void store_tile_tma_two_buffers(const Value& value, const TmaMap* mapD, unsigned buf_lo,
-                                                           unsigned buf_hi, int m_row, int n0, int z, int bar_id,
-                                                           bool leader) {
-    static_assert(sizeof(T) == 2 && BN % 64 == 0 && BN <= 256, "two-buffer epilogue: 16-bit D, 64..256 columns");
-    constexpr int BOXES = BN / 64;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)  // the 8-column block of the accumulators
-        stage_8_columns<T>(value, (j < 16 ? buf_lo : buf_hi) + ((j % 16) / 8) * 8192u, j % 8, j);
-    fence_proxy_async();  // these generic-proxy writes before the tensor stores read them
-    named_barrier_sync(bar_id, WG);
-    if (leader) {
-#pragma unroll
-        for (int b = 0; b < BOXES; ++b)
-            tma_store_3d(mapD, (b < 2 ? buf_lo : buf_hi) + (b % 2) * 8192u, n0 + 64 * b, m_row, z);
-        bulk_commit();
-    }
-}
-
 // ------------------------------------------------------------- flags between blocks
 // A stream-K GEMM hands partial tiles from block to block through global memory: the
 // writer's warpgroup stores its partial, synchronises, and its first thread publishes a

@@ -24,9 +24,7 @@
 //                     With beta == 0 the epilogue goes through shared memory and tensor
 //                     stores, which drain while the next tile's wgmmas run. BN = 256, or
 //                     192 / 128 where the wide tiles would leave SMs idle; CLUSTER = 2 pairs
-//                     blocks on tiles stacked along M that multicast halves of their B;
-//                     EPI = EPI_LENT stages the epilogue in one pass, its second half in a
-//                     ring stage lent by the producer (gwg::EPI_*).
+//                     blocks on tiles stacked along M that multicast halves of their B.
 //   3. gemm_wgmma_ws_sk  the same with stream-K for the tiles past the last whole wave:
 //                     their k-tiles cut into one range a block, partial tiles handed from
 //                     block to block through a workspace and added in a fixed order.
@@ -45,14 +43,14 @@
 // Launch geometry (cupyops/ops/_gemm_wgmma.py computes it):
 //   gemm_wgmma<T, TA, TB, STAGES>: block 128; grid (cdiv(M, 64) * cdiv(N, 256), 1, batch');
 //       dynamic shared memory STAGES * 40 KB + 1 KB (ring alignment) + 16 * STAGES.
-//   gemm_wgmma_ws<T, TA, TB, BN, STAGES, CLUSTER, EPI>: block 384, clusters of CLUSTER blocks along x
+//   gemm_wgmma_ws<T, TA, TB, BN, STAGES, CLUSTER>: block 384, clusters of CLUSTER blocks along x
 //       (given at launch, cuLaunchKernelEx: a kernel compiled with __cluster_dims__(1, 1, 1)
 //       ran 8-9 % slower than with none, so the size is not fixed in the kernel);
 //       grid (CLUSTER * min(units * batch, clusters that fit at once), 1, 1) with units =
 //       cdiv(M, 128 * CLUSTER) * cdiv(N, BN); shared memory STAGES * (128 + BN) * 128 +
 //       32 KB (the epilogue's staging) + 1 KB + 16 * STAGES. mapD describes D for the epilogue's tensor
 //       stores (store_by_tma != 0, where beta == 0 and a map fits D; else direct stores).
-//   gemm_wgmma_ws_sk<T, TA, TB, BN, STAGES, EPI>: as gemm_wgmma_ws with CLUSTER = 1; grid
+//   gemm_wgmma_ws_sk<T, TA, TB, BN, STAGES>: as gemm_wgmma_ws with CLUSTER = 1; grid
 //       the SMs where whole waves run, else the blocks that share the tiles' k-tiles
 //       (_gemm_wgmma.streamk_plan); `work`: the flags (zeroed) and a partial tile a block.
 //   batch' = min(batch, 65535); gemm_wgmma loops z over the rest of the stack.
@@ -208,19 +206,6 @@ __global__ void __launch_bounds__(WG, 1)
 
 namespace gwg {
 
-// The epilogues of gemm_wgmma_ws with beta == 0 (tensor stores; beta != 0 stores directly
-// either way):
-// - EPI_HALVES: each consumer warpgroup stages its 64 x BN outputs in parts of 128 columns
-//   through its 16 KB buffer; a part waits for the previous part's stores to have read the
-//   buffer, so both warpgroups sit through that read between the parts.
-// - EPI_LENT: the whole 64 x BN at once, columns 128 and up staged in the ring stage of the
-//   tile's last k-tile, which the consumers keep (do not release) for it and give back to
-//   the producer after the next tile's second k-tile was issued, once the stores have read
-//   it. No wait inside the epilogue; the producer runs ahead into the next tile on the
-//   other STAGES - 1 stages meanwhile.
-constexpr int EPI_HALVES = 0, EPI_LENT = 1;
-constexpr int BAR_CONSUMERS = 3;  // named barrier of both consumer warpgroups (1, 2: one each)
-
 // The work of a persistent grid: tiles [0, dp) whole, in the grouped order, the grid's
 // blocks (clusters) taking every step-th from `first`; with stream-K, the k-tiles of the
 // remaining tiles [dp, total) laid end to end tile by tile and cut into sk_blocks equal
@@ -266,7 +251,7 @@ __device__ __forceinline__ float4* sk_partial(int* work, int sk_blocks, int b, i
            threadIdx.x % WG;
 }
 
-template <typename T, bool TA, bool TB, int BN, int STAGES, int CLUSTER, int EPI, bool SK>
+template <typename T, bool TA, bool TB, int BN, int STAGES, int CLUSTER, bool SK>
 __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA, const TmaMap& mapB,
                                               const TmaMap& mapD, int store_by_tma, int* work, long long dp_tiles,
                                               int sk_blocks) {
@@ -274,8 +259,6 @@ __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA
     static_assert(sizeof(T) == 2, "wgmma rungs: float16 and bfloat16");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 blocks along M");
     static_assert(!SK || CLUSTER == 1, "stream-K: single blocks");
-    static_assert(EPI == EPI_HALVES || (EPI == EPI_LENT && CLUSTER == 1 && 2 * STAGING_BYTES <= S::BYTES),
-                  "the lent epilogue: single blocks, a stage that holds both warpgroups' second parts");
     extern __shared__ unsigned char smem_raw[];
     const unsigned ring = ring_base(smem_raw);
     const unsigned staging = ring + STAGES * S::BYTES;  // 16 KB a consumer warpgroup
@@ -318,17 +301,6 @@ __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA
         const bool leader = threadIdx.x % WG == 0;
         float acc[BN / 2];
         unsigned it = 0;
-        bool lent = false;  // EPI_LENT: the ring stage of position `lent_at` holds stores' data
-        unsigned lent_at = 0;
-        // (the leader: once the stores that read the lent stage have read it, back to the
-        // producer; both warpgroups' arrivals complete its empty phase)
-        const auto give_back = [&]() {
-            if (leader) {
-                bulk_wait_read<0>();
-                pipe.template consumer_release<CLUSTER>(lent_at);
-            }
-            lent = false;
-        };
         sched.template walk<SK>(first, step, b, [&](long long t, int k0, int k1) {
             const TileRef u = order.at(t);
             for (int kt = k0; kt < k1; ++kt, ++it) {
@@ -340,17 +312,9 @@ __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA
                 // goes back to the producer(s).
                 wgmma_wait<1>();
                 if (kt > k0 && leader) pipe.template consumer_release<CLUSTER>(it - 1);
-                if constexpr (EPI == EPI_LENT) {
-                    if (lent && kt > k0) give_back();
-                }
             }
             wgmma_wait<0>();
-            if constexpr (EPI == EPI_LENT) {
-                if (lent) give_back();  // (a piece of one k-tile)
-            }
-            // EPI_LENT keeps the last stage for the epilogue's second part
-            const bool lend = EPI == EPI_LENT && store_by_tma && k1 == KT;
-            if (!lend && leader) pipe.template consumer_release<CLUSTER>(it - 1);
+            if (leader) pipe.template consumer_release<CLUSTER>(it - 1);
             fence_regs(acc);
             if constexpr (SK) {
                 const int g = warpgroup() - 1;
@@ -384,23 +348,12 @@ __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA
                 }
             }
             const int m_row = (u.tm * CLUSTER + rank) * 128 + a_row;
-            const auto scaled = [&](int i, int, int) { return alpha * acc[i]; };
-            if (lend) {
-                const int g = warpgroup() - 1;
-                if (leader) bulk_wait_read<0>();  // the staging buffer's last stores have read it
-                // both warpgroups' wgmmas are done with the stage that the second part takes
-                named_barrier_sync(BAR_CONSUMERS, 2 * WG);
-                lent = true;
-                lent_at = it - 1;
-                store_tile_tma_two_buffers<T, BN>(scaled, &mapD, staging + g * STAGING_BYTES,
-                                                  ring + pipe.stage(lent_at) * S::BYTES + g * STAGING_BYTES, m_row,
-                                                  u.tn * BN, sD ? u.z : 0, warpgroup(), leader);
-            } else if (store_by_tma) {  // (the launcher's choice: beta == 0 and a map of D)
-                store_tile_tma<T, BN>(scaled, &mapD, staging + (warpgroup() - 1) * STAGING_BYTES, m_row, u.tn * BN,
-                                      sD ? u.z : 0, warpgroup(), leader);
-            } else {
+            if (store_by_tma)  // (the launcher's choice: beta == 0 and a map of D)
+                store_tile_tma<T, BN>([&](int i, int, int) { return alpha * acc[i]; }, &mapD,
+                                      staging + (warpgroup() - 1) * STAGING_BYTES, m_row, u.tn * BN, sD ? u.z : 0,
+                                      warpgroup(), leader);
+            else
                 store_tile<T, BN>(acc, C + u.z * sC, D + u.z * sD, M, N, ldc, ldd, alpha, beta, m_row, u.tn * BN);
-            }
         });
         if (leader) bulk_wait<0>();  // the tensor stores are done before the block ends
     }
@@ -412,24 +365,24 @@ __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA
 
 #define GWG_ARGS A, B, C, D, M, N, K, lda, ldb, ldc, ldd, sA, sB, sC, sD, batch, alpha, beta
 
-template <typename T, bool TA, bool TB, int BN, int STAGES, int CLUSTER, int EPI>
+template <typename T, bool TA, bool TB, int BN, int STAGES, int CLUSTER>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     gemm_wgmma_ws(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB,
                   const __grid_constant__ TmaMap mapD, int store_by_tma) {
-    gwg::wgmma_ws_body<T, TA, TB, BN, STAGES, CLUSTER, EPI, false>(GWG_ARGS, mapA, mapB, mapD, store_by_tma, nullptr,
-                                                                   0, 0);
+    gwg::wgmma_ws_body<T, TA, TB, BN, STAGES, CLUSTER, false>(GWG_ARGS, mapA, mapB, mapD, store_by_tma, nullptr, 0,
+                                                              0);
 }
 
 // gemm_wgmma_ws with the tiles past the last whole wave shared along K by every block
 // (stream-K): `work` the workspace of gwg::sk_partial with its flags zeroed, `dp_tiles`
 // the tiles walked whole, `sk_blocks` (<= the grid, >= 1 where tiles remain) the blocks
 // that share the rest.
-template <typename T, bool TA, bool TB, int BN, int STAGES, int EPI>
+template <typename T, bool TA, bool TB, int BN, int STAGES>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     gemm_wgmma_ws_sk(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB,
                      const __grid_constant__ TmaMap mapD, int store_by_tma, int* work, long long dp_tiles,
                      int sk_blocks) {
-    gwg::wgmma_ws_body<T, TA, TB, BN, STAGES, 1, EPI, true>(GWG_ARGS, mapA, mapB, mapD, store_by_tma, work, dp_tiles,
-                                                            sk_blocks);
+    gwg::wgmma_ws_body<T, TA, TB, BN, STAGES, 1, true>(GWG_ARGS, mapA, mapB, mapD, store_by_tma, work, dp_tiles,
+                                                       sk_blocks);
 }
 #undef GWG_ARGS

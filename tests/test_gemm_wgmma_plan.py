@@ -49,12 +49,10 @@ def test_wave_model_picks_the_tile(M, N, K, cfg):
 def test_plan_geometry():
     cfg, pl = W.plan("wgmma_ws", problem(4096, 4096, 4096), "128x256", H100_SMS)
     assert (pl.grid, pl.block, pl.cluster) == ((132, 1, 1), (384,), 1)
-    assert pl.name == "gemm_wgmma_ws<__nv_bfloat16, false, true, 256, 4, 1, 0>"
-    # the lent epilogue is a template argument; stream-K its own kernel with its own grid
-    _, pl = W.plan("wgmma_ws", problem(4096, 4096, 4096), "128x256lent", H100_SMS)
-    assert pl.name == "gemm_wgmma_ws<__nv_bfloat16, false, true, 256, 4, 1, 1>" and pl.grid == (132, 1, 1)
+    assert pl.name == "gemm_wgmma_ws<__nv_bfloat16, false, true, 256, 4, 1>"
+    # stream-K is its own kernel with its own grid
     _, pl = W.plan("wgmma_ws", problem(512, 4096, 4096), "128x256sk", H100_SMS)
-    assert pl.name == "gemm_wgmma_ws_sk<__nv_bfloat16, false, true, 256, 4, 0>" and pl.grid == (132, 1, 1)
+    assert pl.name == "gemm_wgmma_ws_sk<__nv_bfloat16, false, true, 256, 4>" and pl.grid == (132, 1, 1)
     # a cluster of 2 walks units of two tiles along M; as many clusters as fit
     _, pl = W.plan("wgmma_ws", problem(4096, 4096, 4096), "128x256c2", H100_SMS, clusters=60)
     assert (pl.grid, pl.cluster) == ((120, 1, 1), 2)

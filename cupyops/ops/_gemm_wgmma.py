@@ -14,17 +14,14 @@ current stream, for float16 and bfloat16 on a compute-capability 9.0 GPU (H100, 
 ``128x128`` (6 stages), and ``128x256c2``: pairs of blocks in clusters of 2 that take two
 tiles stacked along M, each copying its A and half of the shared B columns, multicast to
 both (B crosses L2 once for the pair), the persistent grid as many clusters as the driver
-says fit at once (``_launch.max_active_clusters``). Two more, written and not yet timed
-(NOTES 79), which ``None`` does not pick yet:
-
-- ``128x256lent``: the tensor-store epilogue in one pass, its second half staged in the
-  ring stage of the tile's last k-tile, which the consumers keep until the stores have read
-  it (no wait for the first half's stores inside the epilogue).
-- ``128x256sk``: stream-K for the tiles past the last whole wave (``streamk_plan``): the
-  k-tiles of those tiles are cut into one range per block; a block that holds the head of a
-  tile hands its float32 partial to the block that holds its tail through a workspace, and
-  that block adds them in a fixed order (results are deterministic for a given SM count)
-  and runs the epilogue once.
+says fit at once (``_launch.max_active_clusters``), and ``128x256sk``, which ``None`` does
+not pick (NOTES 79: 1-2 % ahead of the default on 512x28672x4096 and bfloat16
+4096x28672x4096 in one H100 sweep, behind it elsewhere, by up to 30 % on 512-token shapes):
+stream-K for the tiles past the last whole wave (``streamk_plan``): the k-tiles of those
+tiles are cut into one range per block; a block that holds the head of a tile hands its
+float32 partial to the block that holds its tail through a workspace, and that block adds
+them in a fixed order (results are deterministic for a given SM count) and runs the
+epilogue once.
 
 ``None`` picks by a wave model
 (``pick_config``): a tile's time is taken as BN / EFFICIENCY[BN] and the grid's as the
@@ -59,24 +56,19 @@ VARIANTS = {
 DTYPES = {impl: ("float16", "bfloat16") for impl in VARIANTS}
 
 
-EPI_HALVES, EPI_LENT = 0, 1  # gemm_wgmma.cu's epilogues (gwg::EPI_*)
-
-
 @dataclasses.dataclass(frozen=True)
 class Tile:
     bm: int  # rows of A a block (a tile)
     bn: int  # columns of B a tile
     stages: int  # depth of the ring
     cluster: int = 1  # blocks a cluster, tiles stacked along M
-    epilogue: int = EPI_HALVES  # of beta == 0: staged in two halves, or the second in a lent stage
     streamk: bool = False  # the tiles past the last whole wave shared along K by every block
 
 
 TILES = {
     "wgmma": {None: Tile(64, 256, 4)},
     "wgmma_ws": {"128x256": Tile(128, 256, 4), "128x192": Tile(128, 192, 4), "128x128": Tile(128, 128, 6),
-                 "128x256c2": Tile(128, 256, 4, 2), "128x256lent": Tile(128, 256, 4, epilogue=EPI_LENT),
-                 "128x256sk": Tile(128, 256, 4, streamk=True)},
+                 "128x256c2": Tile(128, 256, 4, 2), "128x256sk": Tile(128, 256, 4, streamk=True)},
 }
 CONFIGS = {impl: tuple(c for c in TILES[impl] if c is not None) for impl in VARIANTS}
 # Guessed relative throughput of a 128 x BN tile (a narrower tile re-reads A for fewer
@@ -109,8 +101,8 @@ def _name(impl, dtype, ta, tb, tile):
     if impl == "wgmma":
         return template_name("gemm_wgmma", t, ta, tb, tile.stages)
     if tile.streamk:
-        return template_name("gemm_wgmma_ws_sk", t, ta, tb, tile.bn, tile.stages, tile.epilogue)
-    return template_name("gemm_wgmma_ws", t, ta, tb, tile.bn, tile.stages, tile.cluster, tile.epilogue)
+        return template_name("gemm_wgmma_ws_sk", t, ta, tb, tile.bn, tile.stages)
+    return template_name("gemm_wgmma_ws", t, ta, tb, tile.bn, tile.stages, tile.cluster)
 
 
 def _expressions():
