@@ -42,23 +42,23 @@
 //     schedules its stores (two elements a 4-byte store) go out after the next work tile's
 //     first S = Q K^T is issued; the LSE is (m + log2(l)) * ln 2.
 //
-// Shared memory (1024-byte aligned for the 128-byte swizzle): Q as NC x DP pieces of 64 rows
-// x 64 head_dim (DP = cdiv(D, 64); 8 KB each: consumer warpgroup w's rows at piece w * DP),
-// the K ring and the V ring (a stage: DP pieces of BC keys x 64 head_dim, rows of 128 bytes;
+// Shared memory (1024-byte aligned for the 128-byte swizzle): Q (QStages buffers) as NC x DP
+// pieces of 64 rows x 64 head_dim (DP = cdiv(D, 64); 8 KB each: consumer warpgroup w's rows
+// at piece w * DP), the K ring and the V ring (a stage: DP pieces of BC keys x 64 head_dim, rows of 128 bytes;
 // K-major for S = Q K^T, and for P V the MN-major layout of sm90.cuh SwizzledTile16<true,
-// BC * 128>), then the two rings' barriers and Q's (QStages: two buffers where they fit). head_dim 96 is held as
-// 128: the tensor copies fill the columns past it with zeros, S = Q K^T stops at 96, and
-// P V's extra columns (zeros) are not written.
+// BC * 128>), then the two rings' barriers and Q's (QStages: two Q buffers where they fit).
+// head_dim 96 is held as 128: the tensor copies fill the columns past it with zeros,
+// S = Q K^T stops at 96, and P V's extra columns (zeros) are not written.
 //
 // Launch geometry (cupyops/ops/_attention_flash3.py computes the same numbers):
 //   attention_flash3<T, HD, BC, STAGES, SCHED, NC> (HD = head_dim: 64, 96, 128 or 256):
 //   block 128 (NC + 1); 1-D grid of one block an SM (persistent) or one a work tile
-//   (cdiv(Sq, BR) * Hq * B tiles, BR = 64 NC, WorkTiles); dynamic shared memory BR * DPAD
-//   * 2 + STAGES * 2 * BC * DPAD * 2 + 1 KB (alignment) + 32 * STAGES + 16 (DPAD: D rounded
-//   up to 64). Tensor maps of Q, K, V: 4-D (D, rows, heads, batch) of 16-bit elements with
-//   the 128-byte swizzle, boxes (64, 64, 1, 1) for Q, (64, BC, 1, 1) for K and V. Needs 16-byte aligned tensors with
-//   strides that are multiples of 16 bytes (the launcher checks). head_group: WorkTiles'
-//   group.
+//   (cdiv(Sq, BR) * Hq * B tiles, BR = 64 NC, WorkTiles); dynamic shared memory QSTAGES *
+//   BR * DPAD * 2 + STAGES * 2 * BC * DPAD * 2 + 1 KB (alignment) + 32 * STAGES + 16 *
+//   QSTAGES (DPAD: D rounded up to 64). Tensor maps of Q, K, V: 4-D (D, rows, heads, batch)
+//   of 16-bit elements with the 128-byte swizzle, boxes (64, 64, 1, 1) for Q, (64, BC, 1, 1)
+//   for K and V. Needs 16-byte aligned tensors with strides that are multiples of 16 bytes
+//   (the launcher checks). head_group: WorkTiles' group.
 #include "attention_common.cuh"
 #include "gemm_sm90.cuh"
 
@@ -103,7 +103,8 @@ template <int D, int BC, int BR> struct Layout {
 // copies, and a persistent block's next tile does not wait for Q), else one. The launcher's
 // q_stages mirrors this.
 template <typename L, int STAGES> struct QStages {
-    static constexpr int value = 2 * L::Q_BYTES + STAGES * 2 * L::KV_BYTES + 1024 + 32 * STAGES + 32 <= 227 * 1024 ? 2 : 1;
+    static constexpr int value =
+        2 * L::Q_BYTES + STAGES * 2 * L::KV_BYTES + 1024 + 32 * STAGES + 32 <= 227 * 1024 ? 2 : 1;
 };
 
 // The K/V tiles of the work tile of query rows [q0, q0 + BR): what its last row sees.
@@ -121,7 +122,7 @@ __device__ __forceinline__ int kv_tiles(int q0, int Sq, int Skv, int causal, int
 // the group before the next. (A persistent grid's fixed round robin still leaves SMs idle
 // at the end of a causal launch, NOTES 72: the launcher gives those one block a tile. Odd
 // rounds handed out in reverse, to even out each block's sum of lengths, measured worse:
-// NOTES 80.)
+// NOTES 81.)
 template <int BR> struct WorkTiles {
     int qtiles, Hq, B, group;
     bool causal;
