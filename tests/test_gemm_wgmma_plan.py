@@ -52,7 +52,7 @@ def test_plan_geometry():
     assert pl.name == "gemm_wgmma_ws<__nv_bfloat16, false, true, 256, 4, 1>"
     # stream-K is its own kernel with its own grid
     _, pl = W.plan("wgmma_ws", problem(512, 4096, 4096), "128x256sk", H100_SMS)
-    assert pl.name == "gemm_wgmma_ws_sk<__nv_bfloat16, false, true, 256, 4>" and pl.grid == (132, 1, 1)
+    assert pl.name == "gemm_wgmma_ws_sk<__nv_bfloat16, false, true, 256, 4>" and pl.grid == (128, 1, 1)
     # a cluster of 2 walks units of two tiles along M; as many clusters as fit
     _, pl = W.plan("wgmma_ws", problem(4096, 4096, 4096), "128x256c2", H100_SMS, clusters=60)
     assert (pl.grid, pl.cluster) == ((120, 1, 1), 2)
@@ -185,12 +185,12 @@ def test_auto_picks_wgmma_ws_on_hopper_except_where_mma_splits_k():
 
 
 @pytest.mark.parametrize("M,N,K,batch,dp,sk_blocks,grid", [
-    (512, 28672, 4096, 1, 396, 132, 132),  # 448 tiles: 3 whole waves, 52 tiles' 3328 k-tiles shared
-    (512, 4096, 4096, 1, 0, 132, 132),     # 64 tiles, none whole: 4096 k-tiles over every SM
-    (512, 4096, 14336, 1, 0, 132, 132),
-    (4096, 4096, 4096, 1, 396, 132, 132),  # 512 tiles: the last 116 shared
+    (512, 28672, 4096, 1, 396, 104, 132),  # 448 tiles: 3 whole waves, the last 52 split in halves
+    (512, 4096, 4096, 1, 0, 128, 128),     # 64 tiles, none whole: each split in halves (split-K)
+    (512, 4096, 14336, 1, 0, 128, 128),
+    (4096, 4096, 4096, 1, 396, 132, 132),  # 512 tiles: the last 116 (over half the SMs) shared
     (1024, 4096, 4096, 33, 4224, 0, 132),  # 4224 tiles, 32 whole waves: nothing shared
-    (296, 520, 712, 1, 0, 13, 13),         # 9 tiles of 12 k-tiles: ranges of >= 8 k-tiles
+    (296, 520, 712, 1, 0, 9, 9),           # 9 tiles of 12 k-tiles: too few to split (>= 8 a part)
     (200, 1000, 136, 1, 0, 8, 8),          # 8 tiles of 3 k-tiles: a range a tile, no partial
 ])
 def test_streamk_plan(M, N, K, batch, dp, sk_blocks, grid):
