@@ -150,7 +150,7 @@ def streamk_plan(p, tile, sm_count):
     each of those tiles is cut into the same number of parts (split-K: ranges on tile
     boundaries, as many parts as fit the SMs with >= ``SK_MIN_K_TILES`` k-tiles each);
     ranges across tile boundaries read B at k offsets apart on tiles that share it and
-    measured 13-17 % slower there (NOTES 83). Otherwise as many ranges as the SMs or as give
+    measured slower there (NOTES 79, 83). Otherwise as many ranges as the SMs or as give
     each range at least ``SK_MIN_K_TILES`` k-tiles, and never fewer than those tiles."""
     tiles = _launch.cdiv(p.M, tile.bm) * _launch.cdiv(p.N, tile.bn) * p.batch
     kt = _launch.cdiv(p.K, BK)
