@@ -345,6 +345,10 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
         if constexpr (SCHED == PINGPONG) named_barrier_arrive(TURN_BARRIER + (NC == 2 ? 1 - w : (w + 1) % NC), 2 * WG);
     };
     bool token_in_play = false;
+    auto join_turns = [&] {  // before the warpgroup's first turn in the block
+        if (!token_in_play && w == NC - 1) your_turn();
+        token_in_play = true;
+    };
 
     // A work tile's output, O / l rounded to T (two columns a register) and the LSE of the
     // thread's two rows (a row that saw no key: zeros, LSE -inf), made from the running
@@ -443,8 +447,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
             // of 192 rows can be two-thirds empty): no wgmma and no softmax; it only keeps
             // the protocol, taking its turns and releasing each stage after it was filled
             // (an earlier arrival could complete the stage's previous empty phase).
-            if (!token_in_play && w == NC - 1) your_turn();
-            token_in_play = true;
+            join_turns();
             if (out.valid) store();
             for (int j = 0; j <= tiles; ++j) {
                 if (j < tiles) kpipe.consumer_wait(kv + j);
@@ -456,8 +459,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
             }
             if (leader) qpipe.consumer_release(q_it);
         } else {
-            if (!token_in_play && w == NC - 1) your_turn();
-            token_in_play = true;
+            join_turns();
             kpipe.consumer_wait(kv);
             my_turn();
             c.issue_s(s, kv);

@@ -208,7 +208,7 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 // A scheduling fence: code after it stays after `value` is computed. ptxas schedules within
 // basic blocks and hoists a wgmma wait above arithmetic it does not depend on (seen in
 // attention_flash3.cu: the wait for P V went above the softmax meant to run while P V is in
-// flight, NOTES 80); a branch on `value` ends the block. The branch is never taken
+// flight, NOTES 81); a branch on `value` ends the block. The branch is never taken
 // (`value` must be >= 0 or NaN) and is uniform across the warp (a vote); it costs a compare,
 // a vote and a branch.
 __device__ __forceinline__ void schedule_after(float value) {

@@ -50,7 +50,7 @@ def test_plans(D):
         assert pl.smem == qs * q + kv + 1024 + 32 * c.stages + 16 * qs <= SMEM_OPTIN
     # the defaults: the full schedule, on a persistent grid without a mask; under a causal
     # one (the stub problem is causal) one block a work tile, but for head_dim 64's
-    # three-consumer tiles (NOTES 80)
+    # three-consumer tiles (NOTES 81)
     assert W.CONFIGS[D][next(iter(W.CONFIGS[D]))][2:4] == (W.PINGPONG, True)
     assert W.CONFIGS[D][W.CAUSAL_CONFIG[D]][2:4] == (W.PINGPONG, D == 64)
     assert W.default_config(p) == W.CAUSAL_CONFIG[D]

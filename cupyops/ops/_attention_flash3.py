@@ -28,7 +28,7 @@ from ._attention_problem import tensor_core_reason, tile_config
 VARIANTS = {
     "flash3": "FlashAttention-3 on Hopper (sm_90a): a TMA producer warpgroup and two (or three) wgmma "
     "consumer warpgroups of 64 query rows, K and V tiles through mbarrier rings, S = Q K^T from shared memory, "
-    "P V with P in registers, the softmax of one tile overlapping the GEMMs of the next and the two "
+    "P V with P in registers, the softmax of one tile overlapping the GEMMs of the next and the "
     "consumers taking turns on the tensor cores (float16, bfloat16; head_dim 64, 96, 128, 256)",
 }
 DTYPES = {"flash3": ("float16", "bfloat16")}
@@ -56,12 +56,14 @@ class Config(collections.namedtuple("Config", "bc stages sched persistent consum
 # pingpong), and "_pg" for a persistent grid (else one block a work tile). A stage holds K
 # and V tiles of BC keys (2 * BC * D * 2 bytes) beside Q (rows * D * 2); 227 KB in all. The
 # serial, overlap and one-block-a-tile forms stay as the ladder inside the rung
-# (benchmarks/attention_sweep.py times each; NOTES has what each bought). Configurations that never won are left out (each
-# is a kernel the file compiles on first use): rings of 3 and 4 stages (0-5 % slower), key
-# tiles of 64 at head_dim 256 and the serial and overlap schedules at 64 and 256 (measured
-# in benchmarks/results/h100-attention-flash3-sweep-*.txt).
+# (benchmarks/attention_sweep.py times each; NOTES has what each bought). Configurations
+# that never won are left out (each is a kernel the file compiles on first use): rings of 3
+# and 4 stages at head_dim 128 (0-5 % slower), key tiles of 64 at head_dim 256, three
+# consumers at 128, and the serial and overlap schedules at 64 and 256 (measured in
+# benchmarks/results/h100-attention-flash3-sweep-*.txt and
+# attention-flash3-sweeps-session14.txt).
 CONFIGS = {
-    # FlashAttention-3's head_dim-64 tiles first: 192 query rows, three consumers (NOTES 79, 80)
+    # FlashAttention-3's head_dim-64 tiles first: 192 query rows, three consumers (NOTES 80, 81)
     64: {"m192c128s3p_pg": Config(128, 3, PINGPONG, True, 3), "m192c128s3p": Config(128, 3, PINGPONG, False, 3),
          "m192c128s2p_pg": Config(128, 2, PINGPONG, True, 3), "m192c128s2p": Config(128, 2, PINGPONG, False, 3),
          "c192s2p_pg": Config(192, 2, PINGPONG, True), "c192s2p": Config(192, 2, PINGPONG, False),
@@ -75,7 +77,7 @@ CONFIGS = {
 }
 MAX_WORK_TILES = 2**31 - 1  # the kernel counts work tiles in an int (and a grid's x extent)
 # The default under a causal mask (the first of CONFIGS otherwise). Measured (bf16,
-# benchmarks/attention_sweep.py, NOTES 72, 80): causal work tiles differ in length up to
+# benchmarks/attention_sweep.py, NOTES 72, 81): causal work tiles differ in length up to
 # the sequence's tiles, and a persistent grid's fixed round robin leaves SMs idle at the end
 # where the hardware, handing out one block a tile, gives the next block to the SM that
 # frees first: one block a tile at head_dim 96, 128 and 256 (0.99-1.01x cuDNN at 128
@@ -113,21 +115,27 @@ KERNELS = KernelFile("attention_flash3.cu", list(dict.fromkeys(
 KERNEL_FILES = [KERNELS]
 
 
-def q_stages(hd, cfg):
-    """Q buffers (the kernel's q_stages): two where they fit beside the K and V rings (the
-    next work tile's Q loads early), else one."""
+def _tile_bytes(hd, cfg):
+    """(one Q buffer, a stage of K and V) in bytes: head_dim rounded up to 64."""
     c = CONFIGS[hd][cfg]
     dpad = 64 * -(-hd // 64)
-    q, kv = c.rows * dpad * 2, c.stages * 2 * c.bc * dpad * 2
-    return 2 if 2 * q + kv + _tma.SWIZZLE_ATOM_BYTES + 32 * c.stages + 32 <= 227 * 1024 else 1
+    return c.rows * dpad * 2, 2 * c.bc * dpad * 2
+
+
+def q_stages(hd, cfg):
+    """Q buffers (the kernel's QStages): two where they fit beside the K and V rings (the
+    next work tile's Q loads early), else one."""
+    stages = CONFIGS[hd][cfg].stages
+    q, kv = _tile_bytes(hd, cfg)
+    return 2 if 2 * q + stages * kv + _tma.SWIZZLE_ATOM_BYTES + 32 * stages + 32 <= 227 * 1024 else 1
 
 
 def smem_bytes(hd, cfg):
-    """Q's buffers, the rings of K and V tiles (head_dim rounded up to 64), the 1024-byte
-    alignment, the rings' barriers and Q's (full and empty)."""
-    c = CONFIGS[hd][cfg]
-    dpad, qs = 64 * -(-hd // 64), q_stages(hd, cfg)
-    return qs * c.rows * dpad * 2 + c.stages * 2 * c.bc * dpad * 2 + _tma.SWIZZLE_ATOM_BYTES + 32 * c.stages + 16 * qs
+    """Q's buffers, the rings of K and V tiles, the 1024-byte alignment, the rings'
+    barriers and Q's (full and empty, 16 bytes a buffer)."""
+    stages, qs = CONFIGS[hd][cfg].stages, q_stages(hd, cfg)
+    q, kv = _tile_bytes(hd, cfg)
+    return qs * q + stages * kv + _tma.SWIZZLE_ATOM_BYTES + 32 * stages + 16 * qs
 
 
 def map_spec(arr_ptr, strides, rows, heads, batch, hd, box_rows):

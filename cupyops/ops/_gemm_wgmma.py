@@ -15,19 +15,18 @@ current stream, for float16 and bfloat16 on a compute-capability 9.0 GPU (H100, 
 tiles stacked along M, each copying its A and half of the shared B columns, multicast to
 both (B crosses L2 once for the pair), the persistent grid as many clusters as the driver
 says fit at once (``_launch.max_active_clusters``), and ``128x256sk``, which ``None`` does
-not pick (NOTES 79: 1-2 % ahead of the default on 512x28672x4096 and bfloat16
-4096x28672x4096 in one H100 sweep, behind it elsewhere, by up to 30 % on 512-token shapes):
-stream-K for the tiles past the last whole wave (``streamk_plan``): the k-tiles of those
-tiles are cut into one range per block; a block that holds the head of a tile hands its
-float32 partial to the block that holds its tail through a workspace, and that block adds
-them in a fixed order (results are deterministic for a given SM count) and runs the
-epilogue once.
+not pick (NOTES 79, 83: 1-3 % ahead of the default where whole waves leave a thin last one,
+as 512x28672x4096, behind it where there is less than one wave, and its per-call workspace
+is no fit for a torch.cuda.graph capture): stream-K for the tiles past the last whole wave
+(``streamk_plan``): the k-tiles of those tiles are cut into ranges, one a block; a block
+that holds the head of a tile hands its float32 partial to the block that holds its tail
+through a workspace, and that block adds them in a fixed order (results are deterministic
+for a given SM count) and runs the epilogue once.
 
-``None`` picks by a wave model
-(``pick_config``): a tile's time is taken as BN / EFFICIENCY[BN] and the grid's as the
-rounds of tiles over the SMs times that; fewer, wider tiles win ties. The narrower tiles
-are for problems whose 128 x 256 tiles leave SMs idle (a 512-token prefill: 512 x 4096
-has 64 of them on 132 SMs).
+``None`` picks by a wave model (``pick_config``): a tile's time is taken as BN /
+EFFICIENCY[BN] and the grid's as the rounds of tiles over the SMs times that; fewer, wider
+tiles win ties. The narrower tiles are for problems whose 128 x 256 tiles leave SMs idle
+(a 512-token prefill: 512 x 4096 has 64 of them on 132 SMs).
 
 Both read A and B through tensor maps (cupyops/_tma.py): 3-D (elements, rows, batch)
 with the 128-byte swizzle wgmma's descriptors expect; a K-contiguous operand moves in boxes
