@@ -35,13 +35,22 @@ launch that read the caller's own arrays (nothing copied), the checked path call
 ``offer(make)``; the wrapper files ``make()`` under the call's key, and, for a torch call,
 under the torch tensors' key as well.
 """
+import functools
 import operator
+import os
 import sys
 import threading
 
 import numpy as np
 
 from . import _launch
+
+try:  # the per-call work in C (cupyops/_cfast.c), where it was compiled at install
+    from . import _cfast
+except ImportError:  # no C compiler at install: the same steps in Python
+    _cfast = None
+# CUPYOPS_FAST_C=0 keeps the Python steps (to compare the two, or to rule the C out)
+USE_C = _cfast is not None and os.environ.get("CUPYOPS_FAST_C", "1") != "0"
 
 # Set once the libraries are loaded (cupy_loaded, torch_loaded): until then no call can
 # have been remembered.
@@ -50,6 +59,7 @@ TORCH_TENSORS = frozenset()  # the torch types whose layout a key may describe
 _get_device = None  # cupy.cuda.runtime.getDevice
 _cupy_alloc = None  # cupy.cuda.alloc
 _cupy_stream = None  # the address of CuPy's current stream
+_stream_capturing = None  # whether a stream (an address) is capturing a graph
 _torch_empty = _torch_empty_like = None
 _torch_raw_alloc = _torch_raw_delete = None  # torch's caching allocator, block by address
 raw_stream = None  # torch's current stream of a device, as an address (torch_loaded)
@@ -57,12 +67,23 @@ TORCH_DTYPES = {}  # NumPy dtype -> torch dtype, for the dtypes the operators re
 
 
 def cupy_loaded(cupy):
-    global CUPY_ARRAY, _get_device, _cupy_alloc, _cupy_stream
+    global CUPY_ARRAY, _get_device, _cupy_alloc, _cupy_stream, _stream_capturing
     _get_device, _cupy_alloc = cupy.cuda.runtime.getDevice, cupy.cuda.alloc
     # (the address alone, where CuPy exports the query: no Stream object looked up)
     _cupy_stream = getattr(cupy.cuda.stream, "get_current_stream_ptr", None) or (
         lambda: cupy.cuda.get_current_stream().ptr)
     CUPY_ARRAY = cupy.ndarray
+    query = cupy.cuda.runtime.streamIsCapturing
+
+    def capturing(stream):
+        try:
+            return query(stream) != 0
+        except Exception:  # noqa: BLE001 - (the legacy stream beside a global capture) keep nothing
+            return True
+
+    _stream_capturing = capturing
+    if _cfast is not None:
+        _cfast.bind(cupy_type=CUPY_ARRAY, get_device=_get_device, is_capturing=_launch.stream_is_capturing_address())
 
 
 def torch_loaded(torch):
@@ -85,11 +106,17 @@ def torch_loaded(torch):
     _torch_raw_alloc = torch._C._cuda_cudaCachingAllocator_raw_alloc
     _torch_raw_delete = torch._C._cuda_cudaCachingAllocator_raw_delete
     TORCH_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
+    if _cfast is not None:
+        _cfast.bind(torch_types=TORCH_TENSORS)
 
 
 class Unfit(Exception):
     """An argument a key cannot describe (a NumPy array, a list, another library's array):
     the call takes the checked path."""
+
+
+if _cfast is not None:
+    _cfast.bind(unfit=Unfit)
 
 
 def cupy_sig(a):
@@ -187,9 +214,9 @@ def build(variants, inputs, output, work=()):
                     return None
                 template.append(_launch.ADDRESS)
             pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda addrs, i=slots[0]: (addrs[i],))
-            pack.append((_launch.DirectLaunch(fn, grid, block, smem, template), pick))
+            pack.append((_launch.DirectLaunch(fn, grid, block, smem, template), pick, tuple(slots)))
         packed.append(tuple(pack))
-    return FastCall(packed, (tuple(output.shape), output.dtype), work, _get_device())
+    return FastCall(packed, (tuple(output.shape), output.dtype), work, _get_device(), len(inputs))
 
 
 def build_from_launcher(launches, inputs, output):
@@ -210,8 +237,12 @@ _LIKE_FIRST, _NEW_OF_FIRST = "empty_like(first)", "first.new_empty(shape)"  # to
 # call on the stream (ordered after this one's kernels) may reuse it; the output block only
 # once nothing refers to it any more: no array, no view (their MemoryPointers hold its
 # memory object), counted by reference counts against those of a block nothing else holds.
-# That is the reuse CuPy's pool itself makes of a freed block on its stream, so graph
-# capture and streams see the same rules. Blocks above KEEP_BYTES go back to the pool.
+# That is the reuse CuPy's pool itself makes of a freed block on its stream. While the
+# stream captures a graph a call neither takes nor keeps blocks: the graph goes on using
+# those of its calls, replayed on any stream, after the capture (NOTES 78). The C replay
+# (cupyops/_cfast.c) keeps the output array itself and hands it out again on the same
+# terms (nor one someone holds a weak reference to, or reshaped in place), which spares
+# making the ndarray too. Blocks above KEEP_BYTES go back to the pool.
 KEEP_BYTES = 4 << 20
 _FREE_REFS = None  # the reference counts _block_refs finds on a block nothing else holds
 _refs = sys.getrefcount
@@ -231,10 +262,14 @@ def _free_refs():
 
 
 class FastCall:
-    """A checked call's launches, replayed on other arrays of the same layout (``build``)."""
+    """A checked call's launches, replayed on other arrays of the same layout (``build``).
 
-    def __init__(self, variants, output, work, device):
-        self._variants = tuple(variants)  # [inputs off 16 bytes, aligned] -> ((launch, pick), ...)
+    Where cupyops._cfast was compiled, ``cupy`` and ``torch`` are its Replay's methods:
+    the same steps as the Python methods below, which document them and run without it."""
+
+    def __init__(self, variants, output, work, device, n_inputs):
+        # [inputs off 16 bytes, aligned] -> ((launch, pick, its address indices), ...)
+        self._variants = tuple(variants)
         self._shape, self._dtype = output  # of the result
         self._work, self._work_bytes = _offsets(work) if work else ((), 0)
         self.device = device
@@ -245,6 +280,27 @@ class FastCall:
         self._kept_stream = None
         lock = threading.Lock()  # (around the kept blocks: two threads must not take one)
         self._acquire, self._release = lock.acquire, lock.release
+        self._replay = self._c_replay(n_inputs) if USE_C else None
+        if self._replay is not None:
+            self.cupy = self._replay.cupy
+
+    def _c_replay(self, n_inputs):
+        """The C Replay of these launches, or None where a launch has no C driver address
+        (a stand-in driver without one)."""
+        lists = []
+        for launches in self._variants:
+            if launches is None:
+                lists.append(None)
+                continue
+            pairs = []
+            for launch, _, slots in launches:
+                if not launch.driver_address:
+                    return None
+                pairs.append((launch, slots))
+            lists.append(pairs)
+        return _cfast.Replay(lists, n_inputs, self._shape, self._dtype, self._work, self._work_bytes,
+                             self._keep_output, self._keep_work, self.device, CUPY_ARRAY, _cupy_alloc,
+                             _cupy_stream, _get_device)
 
     def _launches(self, addrs):
         """The launches for these input addresses: the 16-byte variant where every one is
@@ -261,30 +317,33 @@ class FastCall:
         if launches is None:
             return None
         stream = _cupy_stream()
+        # while the stream captures a graph nothing is kept or reused: the graph goes on
+        # using its blocks, replayed on whatever stream, after the call (NOTES 78)
+        keep = not _stream_capturing(stream)
         kept = self._kept
         self._acquire()
         try:
-            if self._kept_stream != stream:
+            if keep and self._kept_stream != stream:
                 kept[0] = kept[1] = None
                 self._kept_stream = stream
-            block = kept[0]
+            block = kept[0] if keep else None
             free = _FREE_REFS or _free_refs()
             if block is not None and _refs(block) == free[0] and _refs(block.mem) == free[1]:
                 y = CUPY_ARRAY(self._shape, self._dtype, block)
             else:
                 y = CUPY_ARRAY(self._shape, self._dtype)  # (ndarray: cp.empty less a call)
-                if self._keep_output:
+                if keep and self._keep_output:
                     kept[0] = y.data
             addrs.append(y.data.ptr)
             if self._work_bytes:
-                work = kept[1]
+                work = kept[1] if keep else None
                 if work is None:
                     work = _cupy_alloc(self._work_bytes)
-                    if self._keep_work:
+                    if keep and self._keep_work:
                         kept[1] = work
                 base = work.ptr
                 addrs += [base + off for off in self._work]
-            for launch, pick in launches:
+            for launch, pick, _ in launches:
                 launch(stream, pick(addrs))
         finally:
             self._release()
@@ -305,6 +364,11 @@ class FastCall:
         like = self._torch_like
         if like is None:
             like = self._torch_like = self._torch_output_form(tensors)
+            if self._replay is not None:  # from now on the C replay's torch steps
+                self._replay.set_torch(*self._c_torch_form(like), raw_stream, _torch_raw_alloc,
+                                       _torch_raw_delete)
+                self.torch = self._replay.torch
+                return self.torch(tensors)
         if like is _LIKE_FIRST:  # (the argument parsing of torch.empty costs more than the rest)
             y = _torch_empty_like(tensors[0])
         elif like is _NEW_OF_FIRST:
@@ -318,13 +382,21 @@ class FastCall:
         try:
             if base:
                 addrs += [base + off for off in self._work]
-            for launch, pick in launches:
+            for launch, pick, _ in launches:
                 launch(stream, pick(addrs))
         finally:
             self._release()
             if base:
                 _torch_raw_delete(base)
         return y
+
+    def _c_torch_form(self, like):
+        """(the Replay's output form, its maker) for ``like`` (_torch_output_form)."""
+        if like is _LIKE_FIRST:
+            return 0, _torch_empty_like
+        if like is _NEW_OF_FIRST:
+            return 1, None
+        return 2, functools.partial(_torch_empty, self._shape, dtype=like, device=self.device)
 
     def _torch_output_form(self, tensors):
         """How a torch call makes its output, the cheapest form that gives it: like the
@@ -347,6 +419,9 @@ class FastCalls:
         self.cupy = {}
         self.torch = {}
         self._offered = threading.local()  # what the checked path offered, per thread
+        if USE_C:  # the same lookups in C, with the same signatures (_cfast.cupy_sig / torch_sig)
+            self.run_cupy = _cfast.Finder(spec, self.cupy, False)
+            self.run_torch = _cfast.Finder(spec, self.torch, True)
 
     def offer(self, make):
         """From the checked path, after a launch that read the caller's own arrays:

@@ -288,13 +288,19 @@ class DirectLaunch:
     launch does). Its caller serialises calls from several threads (the driver reads the
     parameter block during the launch, with the GIL released): a FastCall holds its lock
     around its launches. ``driver_launch`` stands in for CuPy's (the CPU tier checks the
-    packing through it)."""
+    packing through it).
 
-    def __init__(self, fn, grid, block, smem, args, *, driver_launch=None):
+    The C replay of a fast call (cupyops/_cfast.c) launches from the same parameter block
+    through ``driver_address``, cuLaunchKernel's C address (``c_description``); a stand-in
+    ``driver_launch`` comes with its own C address or none (the replay is not used)."""
+
+    def __init__(self, fn, grid, block, smem, args, *, driver_launch=None, driver_address=None):
         if driver_launch is None:
             import cupy
 
             driver_launch = cupy.cuda.driver.launchKernel
+            driver_address = launch_kernel_address()
+        self.driver_address = driver_address
         self._fn, self._head = _head(fn, grid, block, smem)  # (the holder keeps the module loaded)
         pointers = sum(1 for a in args if a is ADDRESS)
         self._addresses = (ctypes.c_uint64 * pointers)()  # device addresses, written per call
@@ -316,6 +322,33 @@ class DirectLaunch:
         # (every line here is paid per call: one slice store, one driver call)
         self._addresses[:] = addresses
         self._launch(*self._head, stream, self._params_ptr, 0)
+
+    def c_description(self):
+        """What the C replay launches from: (cuLaunchKernel's address, the head: function,
+        grid, block, shared memory; the parameter block's address, the address slots'
+        address, their count). The replay holds this object, which keeps both alive."""
+        return (self.driver_address, self._head, self._params_ptr, ctypes.addressof(self._addresses),
+                len(self._addresses))
+
+
+@functools.lru_cache(maxsize=None)
+def stream_is_capturing_address():
+    """cuStreamIsCapturing's C address (None where it cannot be found: the C replay then
+    cannot tell a capturing stream and keeps blocks as on any other)."""
+    try:
+        return ctypes.cast(_libcuda().cuStreamIsCapturing, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def launch_kernel_address():
+    """cuLaunchKernel's C address in the driver library CuPy uses (None where it cannot be
+    found: the C replay is then not used)."""
+    try:
+        return ctypes.cast(_libcuda().cuLaunchKernel, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
 
 
 # ------------------------------------------------------------------ rows held in registers

@@ -80,22 +80,38 @@ class FakeTensor:
 _C = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint64": ctypes.c_uint64, "float32": ctypes.c_float}
 
 
-@pytest.fixture
-def fake(monkeypatch):
+_CAPTURING_C = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+_DIRECT = _launch.DirectLaunch  # (the fixture replaces it with one on its stand-in driver)
+# cuLaunchKernel's C signature, for the stand-in driver the C replay calls
+_LAUNCH_C = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *(ctypes.c_uint,) * 7, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_void_p)
+
+
+@pytest.fixture(params=["python", "c"])
+def fake(monkeypatch, request):
     """The driver (recording each launch's geometry, stream and arguments, read back by
-    their C types), CuPy's allocator and stream, and torch's, as stand-ins."""
+    their C types), CuPy's allocator and stream, and torch's, as stand-ins; each test runs
+    with the Python steps of a FastCall and with the C replay (cupyops/_cfast.c), which
+    call the same stand-ins (the C one through a C function pointer)."""
     launched, allocated, templates = [], [], {}
+    use_c = request.param == "c"
+    if use_c and _fast._cfast is None:
+        pytest.skip("cupyops._cfast was not compiled at install")
+    monkeypatch.setattr(_fast, "USE_C", use_c)
 
     def driver_launch(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
         values = [ctypes.cast(slots[i], ctypes.POINTER(ctypes.c_uint64 if a is _launch.ADDRESS else _C[a.dtype.name]))
                   .contents.value for i, a in enumerate(templates[params])]
-        launched.append(((gx, bx, smem, stream), values))
+        launched.append(((gx, bx, smem, stream or 0), values))  # (a null pointer comes as None)
+        return 0
 
+    c_driver = _LAUNCH_C(driver_launch)
     real = _launch.DirectLaunch
 
     def direct(fn, grid, block, smem, args):
-        launch = real(fn, grid, block, smem, args, driver_launch=driver_launch)
+        launch = real(fn, grid, block, smem, args, driver_launch=driver_launch,
+                      driver_address=ctypes.cast(c_driver, ctypes.c_void_p).value)
         templates[launch._params_ptr] = list(args)
         return launch
 
@@ -128,7 +144,20 @@ def fake(monkeypatch):
     monkeypatch.setattr(_fast, "_torch_raw_alloc", raw_alloc)
     monkeypatch.setattr(_fast, "_torch_raw_delete", lambda ptr: raw.append(("delete", ptr)))
     monkeypatch.setattr(_fast, "raw_stream", lambda device: 0x7000 + device)
-    return types.SimpleNamespace(launched=launched, allocated=allocated, made=made, raw=raw, stream=stream)
+    capture = [0]  # the stand-in stream's capture status (cuStreamIsCapturing's answer)
+    monkeypatch.setattr(_fast, "_stream_capturing", lambda s: capture[0] != 0)
+
+    def is_capturing(s, status):
+        status[0] = capture[0]
+        return 0
+
+    c_capturing = _CAPTURING_C(is_capturing)
+    if use_c:  # the C signature functions and replays see the stand-ins too
+        old = _fast._cfast.bind(cupy_type=FakeArray, torch_types=frozenset({FakeTensor}), get_device=lambda: 0,
+                                is_capturing=ctypes.cast(c_capturing, ctypes.c_void_p).value)
+        request.addfinalizer(lambda: _fast._cfast.bind(**old))
+    return types.SimpleNamespace(launched=launched, allocated=allocated, made=made, raw=raw, stream=stream,
+                                 use_c=use_c, c_driver=c_driver, capture=capture, c_capturing=c_capturing)
 
 
 def test_row_fast_call_launches_in_kernel_order(fake):
@@ -315,3 +344,86 @@ def test_a_torch_output_takes_the_cheapest_form_that_gives_it(fake):
     assert run((4, 32), (4, 32), strides=(1, 4)) == 0xD00000  # not contiguous: new_empty
     assert run((4, 32), (4, 32), dtype=np.float64) == 0xA00000 + 0x1000  # another dtype: torch.empty
     assert fake.made == [((4, 32), "torch.float32", 0)]
+
+
+def test_the_c_replay_and_finder_are_what_runs(fake):
+    # with the extension compiled, a FastCall's cupy/torch and a FastCalls' lookups are the
+    # C ones (the "c" runs of every test above exercise them), else the Python methods
+    fast, op = _checked_op([])
+    fast.checked(op, (FakeArray((4, 32), np.float32),), {})
+    (fc,) = fast.cupy.values()
+    if fake.use_c:
+        assert type(fast.run_cupy) is _fast._cfast.Finder and type(fast.run_torch) is _fast._cfast.Finder
+        assert fc.cupy == fc._replay.cupy
+    else:
+        assert fc._replay is None and fast.run_cupy.__func__ is _fast.FastCalls.run_cupy
+
+
+def test_a_failed_launch_raises_from_the_c_replay(fake, monkeypatch):
+    if not fake.use_c:
+        pytest.skip("the Python steps launch through CuPy, which raises its own CUDADriverError")
+    x = FakeArray((8, 32), np.float32, ptr=0x1000)
+    y = FakeArray((8, 32), np.float32)
+    bad = _LAUNCH_C(lambda *a: 700)  # CUDA_ERROR_ILLEGAL_ADDRESS
+    monkeypatch.setattr(_launch, "DirectLaunch", lambda *a: _DIRECT(
+        *a, driver_launch=lambda *b: None, driver_address=ctypes.cast(bad, ctypes.c_void_p).value))
+    one = [(FakeFunction(), (1,), (32,), 0, (x, y))]
+    fc = _fast.build((one, one), (x,), y)
+    with pytest.raises(_fast._cfast.LaunchError, match="CUDA error 700"):
+        fc.cupy((x,))
+
+
+def test_an_interrupt_in_the_spec_is_not_taken_for_a_miss(fake):
+    def spec(sig, x):
+        raise KeyboardInterrupt
+
+    fast = _fast.FastCalls(spec)
+    fast.cupy[("anything", 0)] = None
+    with pytest.raises(KeyboardInterrupt):
+        fast.run_cupy((FakeArray((4,), np.float32),), {})
+
+
+def test_nothing_is_kept_or_reused_while_the_stream_captures(fake):
+    # a graph captured on the stream goes on using the blocks of its calls after them,
+    # replayed on whatever stream: an eager call must not take them (NOTES 78)
+    x = FakeArray((8, 32), np.float32, ptr=0x1000)
+    y = FakeArray((8, 32), np.float32)
+    launches = [(FakeFunction(), (1,), (32,), 0, (x, y, _fast.Work(0)))]
+    fc = _fast.build((launches, launches), (x,), y, work=(64,))
+    eager = fc.cupy((x,))
+    eager_ptr, work_ptr = eager.data.ptr, fake.launched[-1][1][2]
+    del eager  # free: an eager call would take its block again
+    fake.capture[0] = 1
+    captured = [fc.cupy((x,)) for _ in range(2)]
+    ptrs = [c.data.ptr for c in captured]
+    works = [v[2] for _, v in fake.launched[-2:]]
+    assert eager_ptr not in ptrs and work_ptr not in works and len(set(works)) == 2
+    del captured  # dropped after the capture: still not the eager calls' to take
+    fake.capture[0] = 0
+    again = fc.cupy((x,))
+    assert again.data.ptr == eager_ptr and fake.launched[-1][1][2] == work_ptr
+    assert again.data.ptr not in ptrs and fake.launched[-1][1][2] not in works
+
+
+def test_a_kept_array_reshaped_or_watched_is_not_reused(fake):
+    import weakref
+
+    x = FakeArray((8, 32), np.float32, ptr=0x1000)
+    y = FakeArray((8, 32), np.float32)
+    one = [(FakeFunction(), (1,), (32,), 0, (x, y))]
+    fc = _fast.build((one, one), (x,), y)
+    first = fc.cupy((x,))
+    ptr = first.data.ptr
+    watch = weakref.ref(first)
+    del first
+    nxt = fc.cupy((x,))
+    if fake.use_c:  # the C replay reuses the array object itself, never one someone watches:
+        # it lets that one go (the watcher sees it die, as without the replay)
+        assert watch() is None and nxt.data.ptr != ptr
+    del nxt
+    second = fc.cupy((x,))
+    ptr = second.data.ptr
+    second.shape = (256,)  # a reshape in place (ndarray.shape's setter)
+    del second
+    third = fc.cupy((x,))
+    assert third.shape == (8, 32)

@@ -1,0 +1,749 @@
+/* cupyops._cfast: the per-call work of a memoized fast call (cupyops/_fast.py), in C.
+
+   A decode-sized operator call runs a few microseconds of GPU work, so its host time is
+   what a decode loop pays. Per call, _fast.FastCalls finds the call's FastCall by a key
+   (the operator's spec with the signature functions of its arrays), and the FastCall reads
+   the input addresses, picks the launch list by their alignment, makes the output (CuPy:
+   the last one again once nothing refers to it; torch: torch's allocator), carves the
+   workspace, writes the addresses into the launches' packed parameter blocks and calls
+   cuLaunchKernel. In Python that is a few hundred bytecodes and a Python-level driver
+   wrapper per launch; here (Finder, Replay, cupy_sig, torch_sig) it is the same steps with
+   the interpreter out of the way, but for the spec, which stays the operator's own Python.
+   It is an optional extension: where it was not compiled, the Python methods run, with the
+   same results; FastCall and FastCalls use these in place of their methods when it was.
+
+   The parameter blocks are _launch.DirectLaunch's (packed once, kept alive by the Replay):
+   a Replay only writes addresses into them and launches. Everything between writing them
+   and the driver's launch runs with the GIL held and calls no Python, so two threads
+   never interleave there. A kept output array is in use from the moment a call takes a
+   reference to it (its count then says so to any other thread); the kept workspace is
+   taken out of the Replay while a call uses it and put back only if the stream is still
+   the kept one: no lock is needed. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+/* cuLaunchKernel's C signature (CUresult is an int-sized enum): the address comes from
+   Python (ctypes on libcuda.so.1, or a stand-in in the CPU tier), so no CUDA header is
+   needed to build this file. */
+typedef int (*launch_fn)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                         unsigned bz, unsigned smem, void *stream, void **params, void **extra);
+
+typedef struct {
+    launch_fn launch;
+    void *func;
+    unsigned geom[7]; /* grid x, y, z, block x, y, z, dynamic shared memory */
+    void **params;     /* the DirectLaunch's parameter block */
+    uint64_t *slots;   /* its address slots, in kernel order */
+    Py_ssize_t n_slots;
+    Py_ssize_t *pick;  /* for each slot, its index among the call's addresses */
+} Launch;
+
+typedef struct {
+    Py_ssize_t n; /* -1: no list (the checked path's turn) */
+    Launch *launches;
+} LaunchList;
+
+typedef struct {
+    PyObject_HEAD
+    LaunchList lists[2];   /* [some input off 16 bytes, all aligned] */
+    PyObject *owners;      /* the DirectLaunches whose buffers the launches use */
+    Py_ssize_t n_inputs;
+    Py_ssize_t n_work;
+    uint64_t *work_offsets;
+    Py_ssize_t work_bytes;
+    int keep_output, keep_work;
+    PyObject *shape, *dtype; /* of the output */
+    long device;
+    /* CuPy: the ndarray type, the allocator, the current stream's address */
+    PyObject *ndarray, *alloc, *stream_of;
+    /* the last output array (its MemoryPointer, memory object, strides, address) and the
+       workspace, kept for the next call on kept_stream */
+    PyObject *kept_y, *kept_block, *kept_mem, *kept_strides, *kept_work;
+    uint64_t kept_ptr;
+    uintptr_t kept_stream;
+    Py_ssize_t free_block_refs, free_mem_refs; /* a block nothing else holds (-1: not read yet) */
+    /* torch: the output's form (0 fn(first), 1 first.new_empty(shape), 2 fn()), the
+       current device, torch's stream query and caching allocator */
+    int torch_form;
+    PyObject *torch_make, *get_device, *raw_stream, *raw_alloc, *raw_delete;
+} Replay;
+
+#define MAX_ADDRS 64 /* inputs, the output and workspace pieces of one call */
+
+static PyObject *s_data, *s_ptr, *s_mem, *s_data_ptr, *s_new_empty, *s_shape, *s_strides;
+static PyObject *launch_error; /* cupyops._cfast.LaunchError */
+static PyObject *weakref_count; /* _weakref.getweakrefcount */
+/* cuStreamIsCapturing(stream, &status): its address comes through bind(is_capturing=) */
+typedef int (*is_capturing_t)(void *stream, int *status);
+static is_capturing_t is_capturing_fn;
+
+static void free_lists(Replay *r) {
+    for (int v = 0; v < 2; v++) {
+        LaunchList *l = &r->lists[v];
+        for (Py_ssize_t i = 0; i < l->n; i++) PyMem_Free(l->launches[i].pick);
+        PyMem_Free(l->launches);
+        l->launches = NULL;
+        l->n = -1;
+    }
+}
+
+static int u64(PyObject *o, uint64_t *out) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+/* One launch from (DirectLaunch, pick): the DirectLaunch exposes its driver function's
+   address, its cuLaunchKernel head (function, grid, block, smem), the address of its
+   parameter block and of its address slots. */
+static int read_launch(PyObject *item, Launch *L) {
+    PyObject *direct, *pick;
+    if (!PyArg_ParseTuple(item, "OO", &direct, &pick)) return -1;
+    PyObject *desc = PyObject_CallMethod(direct, "c_description", NULL);
+    if (!desc) return -1;
+    uint64_t launch, params, slots, head[8];
+    PyObject *headt;
+    int ok = 0;
+    unsigned long long a, b, c;
+    Py_ssize_t n_slots;
+    if (!PyArg_ParseTuple(desc, "KOKKn", &a, &headt, &b, &c, &n_slots) || !PyTuple_Check(headt) ||
+        PyTuple_GET_SIZE(headt) != 8) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "c_description: bad head");
+        goto done;
+    }
+    launch = a, params = b, slots = c;
+    for (int i = 0; i < 8; i++)
+        if (u64(PyTuple_GET_ITEM(headt, i), &head[i])) goto done;
+    PyObject *seq = PySequence_Fast(pick, "pick: a sequence of address indices");
+    if (!seq) goto done;
+    if (PySequence_Fast_GET_SIZE(seq) != n_slots) {
+        PyErr_SetString(PyExc_ValueError, "pick: one index per address slot");
+        Py_DECREF(seq);
+        goto done;
+    }
+    L->pick = PyMem_Calloc(n_slots ? n_slots : 1, sizeof(Py_ssize_t));
+    if (!L->pick) {
+        PyErr_NoMemory();
+        Py_DECREF(seq);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n_slots; i++) {
+        L->pick[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        if (L->pick[i] < 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "pick: a negative index");
+            Py_DECREF(seq);
+            goto done;
+        }
+    }
+    Py_DECREF(seq);
+    L->launch = (launch_fn)(uintptr_t)launch;
+    L->func = (void *)(uintptr_t)head[0];
+    for (int i = 0; i < 7; i++) L->geom[i] = (unsigned)head[i + 1];
+    L->params = (void **)(uintptr_t)params;
+    L->slots = (uint64_t *)(uintptr_t)slots;
+    L->n_slots = n_slots;
+    ok = 1;
+done:
+    Py_DECREF(desc);
+    return ok ? 0 : -1;
+}
+
+static int Replay_init(Replay *r, PyObject *args, PyObject *kw) {
+    static char *names[] = {"variants", "n_inputs", "shape", "dtype", "work_offsets", "work_bytes",
+                            "keep_output", "keep_work", "device", "ndarray", "alloc", "stream_of",
+                            "get_device", NULL};
+    PyObject *variants, *work, *shape, *dtype, *ndarray, *alloc, *stream_of, *get_device;
+    if (r->owners) {
+        PyErr_SetString(PyExc_RuntimeError, "a Replay is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OnOOOnpplOOOO", names, &variants, &r->n_inputs, &shape, &dtype,
+                                     &work, &r->work_bytes, &r->keep_output, &r->keep_work, &r->device,
+                                     &ndarray, &alloc, &stream_of, &get_device))
+        return -1;
+    r->shape = Py_NewRef(shape), r->dtype = Py_NewRef(dtype), r->ndarray = Py_NewRef(ndarray);
+    r->alloc = Py_NewRef(alloc), r->stream_of = Py_NewRef(stream_of), r->get_device = Py_NewRef(get_device);
+    r->free_block_refs = r->free_mem_refs = -1;
+    r->owners = PyList_New(0);
+    if (!r->owners) return -1;
+    PyObject *wseq = PySequence_Fast(work, "work_offsets: a sequence");
+    if (!wseq) return -1;
+    r->n_work = PySequence_Fast_GET_SIZE(wseq);
+    r->work_offsets = PyMem_Calloc(r->n_work ? r->n_work : 1, sizeof(uint64_t));
+    if (!r->work_offsets) {
+        Py_DECREF(wseq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < r->n_work; i++)
+        if (u64(PySequence_Fast_GET_ITEM(wseq, i), &r->work_offsets[i])) {
+            Py_DECREF(wseq);
+            return -1;
+        }
+    Py_DECREF(wseq);
+    if (r->n_inputs < 1 || r->n_inputs + 1 + r->n_work > MAX_ADDRS) {
+        PyErr_SetString(PyExc_ValueError, "n_inputs: at least one, and all addresses at most MAX_ADDRS");
+        return -1;
+    }
+    PyObject *vseq = PySequence_Fast(variants, "variants: two launch lists");
+    if (!vseq) return -1;
+    if (PySequence_Fast_GET_SIZE(vseq) != 2) {
+        Py_DECREF(vseq);
+        PyErr_SetString(PyExc_ValueError, "variants: two launch lists");
+        return -1;
+    }
+    Py_ssize_t n_addrs = r->n_inputs + 1 + r->n_work;
+    for (int v = 0; v < 2; v++) {
+        PyObject *list = PySequence_Fast_GET_ITEM(vseq, v);
+        if (list == Py_None) continue;
+        PyObject *lseq = PySequence_Fast(list, "a launch list: (DirectLaunch, pick) pairs");
+        if (!lseq) break;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(lseq);
+        r->lists[v].launches = PyMem_Calloc(n ? n : 1, sizeof(Launch));
+        r->lists[v].n = 0;
+        if (!r->lists[v].launches) PyErr_NoMemory();
+        for (Py_ssize_t i = 0; i < n && !PyErr_Occurred(); i++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(lseq, i);
+            Launch *L = &r->lists[v].launches[i];
+            if (read_launch(item, L)) break;
+            r->lists[v].n = i + 1;
+            for (Py_ssize_t s = 0; s < L->n_slots; s++)
+                if (L->pick[s] >= n_addrs) PyErr_SetString(PyExc_ValueError, "pick: an index past the addresses");
+            if (!PyErr_Occurred()) PyList_Append(r->owners, PyTuple_GET_ITEM(item, 0));
+        }
+        Py_DECREF(lseq);
+        if (PyErr_Occurred()) break;
+    }
+    Py_DECREF(vseq);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    Replay *r = (Replay *)type->tp_alloc(type, 0);
+    if (r) r->lists[0].n = r->lists[1].n = -1;
+    return (PyObject *)r;
+}
+
+static int Replay_traverse(Replay *r, visitproc visit, void *arg) {
+    Py_VISIT(r->owners); Py_VISIT(r->shape); Py_VISIT(r->dtype); Py_VISIT(r->ndarray);
+    Py_VISIT(r->alloc); Py_VISIT(r->stream_of); Py_VISIT(r->kept_block); Py_VISIT(r->kept_mem);
+    Py_VISIT(r->kept_y); Py_VISIT(r->kept_strides); Py_VISIT(r->kept_work);
+    Py_VISIT(r->torch_make); Py_VISIT(r->get_device); Py_VISIT(r->raw_stream);
+    Py_VISIT(r->raw_alloc); Py_VISIT(r->raw_delete);
+    return 0;
+}
+
+static int Replay_clear(Replay *r) {
+    Py_CLEAR(r->owners); Py_CLEAR(r->shape); Py_CLEAR(r->dtype); Py_CLEAR(r->ndarray);
+    Py_CLEAR(r->alloc); Py_CLEAR(r->stream_of); Py_CLEAR(r->kept_block); Py_CLEAR(r->kept_mem);
+    Py_CLEAR(r->kept_y); Py_CLEAR(r->kept_strides); Py_CLEAR(r->kept_work);
+    Py_CLEAR(r->torch_make); Py_CLEAR(r->get_device); Py_CLEAR(r->raw_stream);
+    Py_CLEAR(r->raw_alloc); Py_CLEAR(r->raw_delete);
+    return 0;
+}
+
+static void Replay_dealloc(Replay *r) {
+    PyObject_GC_UnTrack(r);
+    Replay_clear(r);
+    free_lists(r);
+    PyMem_Free(r->work_offsets);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+/* The launch list for these input addresses: the 16-byte one where every input is 16-byte
+   aligned; NULL where that variant has no list (the checked path's turn). */
+static LaunchList *pick_list(Replay *r, uint64_t *addrs) {
+    uint64_t bits = 0;
+    for (Py_ssize_t i = 0; i < r->n_inputs; i++) bits |= addrs[i];
+    LaunchList *l = &r->lists[(bits & 15) == 0];
+    return l->n < 0 ? NULL : l;
+}
+
+/* Write each launch's addresses and launch it on ``stream`` (GIL held, no Python between). */
+static int run_list(LaunchList *l, uint64_t *addrs, void *stream) {
+    for (Py_ssize_t i = 0; i < l->n; i++) {
+        Launch *L = &l->launches[i];
+        for (Py_ssize_t s = 0; s < L->n_slots; s++) L->slots[s] = addrs[L->pick[s]];
+        int err = L->launch(L->func, L->geom[0], L->geom[1], L->geom[2], L->geom[3], L->geom[4], L->geom[5],
+                            L->geom[6], stream, L->params, NULL);
+        if (err) {
+            PyErr_Format(launch_error, "cuLaunchKernel failed with CUDA error %d", err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* u64 of a new reference ``o`` (NULL: the call that made it failed), which it releases. */
+static int take_u64(PyObject *o, uint64_t *out) {
+    if (!o) return -1;
+    int rc = u64(o, out);
+    Py_DECREF(o);
+    return rc;
+}
+
+/* Whether ``stream`` is capturing a graph (an error answer counts as capturing: keep nothing). */
+static int capturing(uint64_t stream) {
+    int status = 0;
+    if (!is_capturing_fn) return 0;
+    return is_capturing_fn((void *)(uintptr_t)stream, &status) != 0 || status != 0;
+}
+
+/* The kept output array, taken for this call, where nothing but the Replay refers to it:
+   no other reference to the array, no weak one, no other to its MemoryPointer or to that
+   pointer's memory (a view or a MemoryPointer made from it holds one of those), and still
+   its shape and strides (``a.shape = ...`` reshapes in place). Reusing the array itself is
+   what CuPy's pool would do with its block on this stream, less the ndarray's making.
+   NULL: none (an error set only if one occurred). */
+static PyObject *take_kept_array(Replay *r) {
+    PyObject *y = r->kept_y;
+    if (!y || Py_REFCNT(y) != 1 || Py_REFCNT(r->kept_block) != r->free_block_refs + 1 ||
+        Py_REFCNT(r->kept_mem) != r->free_mem_refs)
+        return NULL;
+    Py_INCREF(y); /* from here another thread sees it in use */
+    PyObject *weak = PyObject_CallOneArg(weakref_count, y);
+    long n_weak = weak ? PyLong_AsLong(weak) : -1;
+    Py_XDECREF(weak);
+    PyObject *shape = n_weak == 0 ? PyObject_GetAttr(y, s_shape) : NULL;
+    PyObject *strides = shape ? PyObject_GetAttr(y, s_strides) : NULL;
+    int same = strides && PyObject_RichCompareBool(shape, r->shape, Py_EQ) == 1 &&
+               PyObject_RichCompareBool(strides, r->kept_strides, Py_EQ) == 1;
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    if (PyErr_Occurred()) {
+        Py_DECREF(y);
+        return NULL;
+    }
+    if (!same) { /* reshaped in place, or watched: never again this call's output */
+        Py_DECREF(y);
+        if (r->kept_y == y) Py_CLEAR(r->kept_y);
+        return NULL;
+    }
+    return y;
+}
+
+/* Read a new output array's address into ``addr``; with ``keep``, make it the kept one
+   (with its MemoryPointer, memory object and strides). -1 on error. */
+static int remember_array(Replay *r, PyObject *y, int keep, uint64_t stream, uint64_t *addr) {
+    PyObject *block = PyObject_GetAttr(y, s_data);
+    if (!block || take_u64(PyObject_GetAttr(block, s_ptr), addr)) {
+        Py_XDECREF(block);
+        return -1;
+    }
+    if (!keep || r->kept_stream != stream) {
+        Py_DECREF(block);
+        return 0;
+    }
+    PyObject *mem = PyObject_GetAttr(block, s_mem);
+    PyObject *strides = mem ? PyObject_GetAttr(y, s_strides) : NULL;
+    if (!strides) {
+        Py_DECREF(block);
+        Py_XDECREF(mem);
+        return -1;
+    }
+    if (r->free_block_refs < 0) {
+        /* the counts take_kept_array compares with, read now: the block held by y and by
+           us (as it will be by y and the Replay), its memory object by the block and us */
+        r->free_block_refs = Py_REFCNT(block) - 1;
+        r->free_mem_refs = Py_REFCNT(mem);
+    }
+    Py_INCREF(y);
+    Py_XSETREF(r->kept_y, y);
+    Py_XSETREF(r->kept_block, block);
+    Py_XSETREF(r->kept_mem, mem);
+    Py_XSETREF(r->kept_strides, strides);
+    r->kept_ptr = *addr;
+    return 0;
+}
+
+/* Replay.cupy(arrays): as FastCall.cupy. */
+static PyObject *Replay_cupy(Replay *r, PyObject *arrays) {
+    uint64_t addrs[MAX_ADDRS];
+    if (!(PyTuple_Check(arrays) || PyList_Check(arrays)) || PySequence_Fast_GET_SIZE(arrays) != r->n_inputs) {
+        PyErr_SetString(PyExc_TypeError, "arrays: a tuple of the call's inputs");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < r->n_inputs; i++) {
+        PyObject *a = PySequence_Fast_GET_ITEM(arrays, i);
+        if (a == Py_None) {
+            addrs[i] = 0;
+            continue;
+        }
+        PyObject *data = PyObject_GetAttr(a, s_data);
+        if (!data) return NULL;
+        PyObject *ptr = PyObject_GetAttr(data, s_ptr);
+        Py_DECREF(data);
+        if (take_u64(ptr, &addrs[i])) return NULL;
+    }
+    LaunchList *list = pick_list(r, addrs);
+    if (!list) Py_RETURN_NONE;
+    uint64_t stream;
+    if (take_u64(PyObject_CallNoArgs(r->stream_of), &stream)) return NULL;
+    /* while the stream captures a graph nothing is kept or reused: the graph goes on using
+       its blocks, replayed on whatever stream, after the call (NOTES 78) */
+    int keep = !capturing(stream);
+    if (keep && r->kept_stream != stream) { /* blocks kept for another stream are not this one's */
+        Py_CLEAR(r->kept_y); Py_CLEAR(r->kept_block); Py_CLEAR(r->kept_mem); Py_CLEAR(r->kept_work);
+        r->kept_stream = stream;
+    }
+    PyObject *y = keep ? take_kept_array(r) : NULL;
+    if (y) {
+        addrs[r->n_inputs] = r->kept_ptr;
+    } else if (PyErr_Occurred()) {
+        return NULL;
+    } else {
+        y = PyObject_CallFunctionObjArgs(r->ndarray, r->shape, r->dtype, NULL);
+        if (!y || remember_array(r, y, keep && r->keep_output, stream, &addrs[r->n_inputs])) {
+            Py_XDECREF(y);
+            return NULL;
+        }
+    }
+    PyObject *work = NULL;
+    if (r->work_bytes) {
+        if (keep) {
+            work = r->kept_work;
+            r->kept_work = NULL;
+        }
+        if (!work) work = PyObject_CallFunction(r->alloc, "n", r->work_bytes);
+        uint64_t base = 0;
+        if (!work || take_u64(PyObject_GetAttr(work, s_ptr), &base)) Py_CLEAR(y);
+        for (Py_ssize_t i = 0; i < r->n_work; i++) addrs[r->n_inputs + 1 + i] = base + r->work_offsets[i];
+    }
+    if (y && run_list(list, addrs, (void *)(uintptr_t)stream)) Py_CLEAR(y);
+    /* the workspace for the next call on the stream (ordered after this one's kernels), if
+       the stream is still the kept one (another thread may have moved it meanwhile) */
+    if (work && keep && r->keep_work && r->kept_stream == stream)
+        Py_XSETREF(r->kept_work, work);
+    else
+        Py_XDECREF(work);
+    return y;
+}
+
+/* Replay.set_torch(form, make, raw_stream, raw_alloc, raw_delete): how torch calls make
+   their output (FastCall._torch_output_form) and reach torch's stream and allocator. */
+static PyObject *Replay_set_torch(Replay *r, PyObject *args) {
+    PyObject *make, *rs, *ra, *rd;
+    int form;
+    if (!PyArg_ParseTuple(args, "iOOOO", &form, &make, &rs, &ra, &rd)) return NULL;
+    if (form < 0 || form > 2) {
+        PyErr_SetString(PyExc_ValueError, "form: 0, 1 or 2");
+        return NULL;
+    }
+    Py_INCREF(make); Py_INCREF(rs); Py_INCREF(ra); Py_INCREF(rd);
+    Py_XSETREF(r->torch_make, make);
+    Py_XSETREF(r->raw_stream, rs);
+    Py_XSETREF(r->raw_alloc, ra);
+    Py_XSETREF(r->raw_delete, rd);
+    r->torch_form = form;
+    Py_RETURN_NONE;
+}
+
+/* Replay.torch(tensors): as FastCall.torch, once set_torch has been called. */
+static PyObject *Replay_torch(Replay *r, PyObject *tensors) {
+    uint64_t addrs[MAX_ADDRS];
+    if (!r->torch_make) {
+        PyErr_SetString(PyExc_RuntimeError, "Replay.torch before set_torch");
+        return NULL;
+    }
+    if (!(PyTuple_Check(tensors) || PyList_Check(tensors)) || PySequence_Fast_GET_SIZE(tensors) != r->n_inputs) {
+        PyErr_SetString(PyExc_TypeError, "tensors: a tuple of the call's inputs");
+        return NULL;
+    }
+    PyObject *dev = PyObject_CallNoArgs(r->get_device);
+    if (!dev) return NULL;
+    long d = PyLong_AsLong(dev);
+    Py_DECREF(dev);
+    if (d == -1 && PyErr_Occurred()) return NULL;
+    if (d != r->device) Py_RETURN_NONE; /* the kernels belong to the current device's context */
+    for (Py_ssize_t i = 0; i < r->n_inputs; i++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(tensors, i);
+        if (t == Py_None) {
+            addrs[i] = 0;
+            continue;
+        }
+        if (take_u64(PyObject_CallMethodNoArgs(t, s_data_ptr), &addrs[i])) return NULL;
+    }
+    LaunchList *list = pick_list(r, addrs);
+    if (!list) Py_RETURN_NONE;
+    PyObject *first = PySequence_Fast_GET_ITEM(tensors, 0), *y;
+    if (r->torch_form == 0)
+        y = PyObject_CallOneArg(r->torch_make, first);
+    else if (r->torch_form == 1)
+        y = PyObject_CallMethodOneArg(first, s_new_empty, r->shape);
+    else
+        y = PyObject_CallNoArgs(r->torch_make);
+    if (!y) return NULL;
+    uint64_t stream, base = 0;
+    if (take_u64(PyObject_CallMethodNoArgs(y, s_data_ptr), &addrs[r->n_inputs]) ||
+        take_u64(PyObject_CallFunction(r->raw_stream, "l", r->device), &stream))
+        goto fail;
+    if (r->work_bytes) {
+        if (take_u64(PyObject_CallFunction(r->raw_alloc, "nK", r->work_bytes, (unsigned long long)stream), &base))
+            goto fail;
+        for (Py_ssize_t i = 0; i < r->n_work; i++) addrs[r->n_inputs + 1 + i] = base + r->work_offsets[i];
+    }
+    int failed = run_list(list, addrs, (void *)(uintptr_t)stream);
+    if (base) { /* given back once the launches are queued, as torch's own temporaries */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *rc = PyObject_CallFunction(r->raw_delete, "K", (unsigned long long)base);
+        if (!rc) failed = 1;
+        Py_XDECREF(rc);
+        if (type) PyErr_Restore(type, value, tb);
+    }
+    if (!failed) return y;
+fail:
+    Py_DECREF(y);
+    return NULL;
+}
+
+static PyMethodDef Replay_methods[] = {
+    {"cupy", (PyCFunction)Replay_cupy, METH_O, "Run on CuPy arrays (a tuple): the output, or None."},
+    {"torch", (PyCFunction)Replay_torch, METH_O, "Run on CUDA torch tensors (a tuple): the output, or None."},
+    {"set_torch", (PyCFunction)Replay_set_torch, METH_VARARGS, "How torch calls make their output."},
+    {NULL},
+};
+
+static PyTypeObject ReplayType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cupyops._cfast.Replay",
+    .tp_basicsize = sizeof(Replay),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A FastCall's per-call work in C (see cupyops/_cfast.c).",
+    .tp_new = Replay_new,
+    .tp_init = (initproc)Replay_init,
+    .tp_dealloc = (destructor)Replay_dealloc,
+    .tp_traverse = (traverseproc)Replay_traverse,
+    .tp_clear = (inquiry)Replay_clear,
+    .tp_methods = Replay_methods,
+};
+
+/* ------------------------------------------------------------------ finding a FastCall
+   A call's key: the operator's spec (Python: the call's options and which arguments are
+   arrays) with these signature functions, and a dict lookup; _fast.FastCalls.run_cupy /
+   run_torch do the same in Python. */
+
+static PyObject *cupy_type, *torch_types, *unfit, *get_device_fn; /* bind() */
+static PyObject *s_dtype, *s_stride, *s_get_device, *s_cupy, *s_torch;
+
+/* cupy_sig(a): (shape, strides, dtype) of a CuPy array, None for None; Unfit otherwise. */
+static PyObject *cupy_sig(PyObject *m, PyObject *a) {
+    if (cupy_type && (PyObject *)Py_TYPE(a) == cupy_type) {
+        PyObject *shape = PyObject_GetAttr(a, s_shape), *strides = NULL, *dtype = NULL, *out = NULL;
+        if (shape && (strides = PyObject_GetAttr(a, s_strides)) && (dtype = PyObject_GetAttr(a, s_dtype)))
+            out = PyTuple_Pack(3, shape, strides, dtype);
+        Py_XDECREF(shape);
+        Py_XDECREF(strides);
+        Py_XDECREF(dtype);
+        return out;
+    }
+    if (a == Py_None) Py_RETURN_NONE;
+    PyErr_SetNone(unfit ? unfit : PyExc_TypeError);
+    return NULL;
+}
+
+/* torch_sig(a): (shape, stride(), dtype, get_device()) of a torch tensor, None for None. */
+static PyObject *torch_sig(PyObject *m, PyObject *a) {
+    int is = torch_types ? PySet_Contains(torch_types, (PyObject *)Py_TYPE(a)) : 0;
+    if (is < 0) return NULL;
+    if (is) {
+        PyObject *shape = PyObject_GetAttr(a, s_shape), *stride = NULL, *dtype = NULL, *dev = NULL, *out = NULL;
+        if (shape && (stride = PyObject_CallMethodNoArgs(a, s_stride)) && (dtype = PyObject_GetAttr(a, s_dtype)) &&
+            (dev = PyObject_CallMethodNoArgs(a, s_get_device)))
+            out = PyTuple_Pack(4, shape, stride, dtype, dev);
+        Py_XDECREF(shape);
+        Py_XDECREF(stride);
+        Py_XDECREF(dtype);
+        Py_XDECREF(dev);
+        return out;
+    }
+    if (a == Py_None) Py_RETURN_NONE;
+    PyErr_SetNone(unfit ? unfit : PyExc_TypeError);
+    return NULL;
+}
+
+static PyMethodDef cupy_sig_def = {"cupy_sig", cupy_sig, METH_O, "A CuPy array argument's part of a key."};
+static PyMethodDef torch_sig_def = {"torch_sig", torch_sig, METH_O, "A torch tensor argument's part of a key."};
+static PyObject *cupy_sig_fn, *torch_sig_fn;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *spec, *table;
+    int torch; /* 0: CuPy arrays, keys (key, device); 1: torch tensors, keys as the spec says */
+} Finder;
+
+/* Finder(args, kwargs): the remembered call's result, or None (not remembered; any error
+   of the spec, an unhashable option: the checked path will say). */
+static PyObject *Finder_call(Finder *f, PyObject *callargs, PyObject *callkw) {
+    PyObject *args, *kwargs;
+    if (!PyArg_ParseTuple(callargs, "O!O", &PyTuple_Type, &args, &kwargs)) return NULL;
+    if (!PyDict_Check(f->table) || PyDict_GET_SIZE(f->table) == 0) Py_RETURN_NONE;
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    PyObject *full = PyTuple_New(n + 1);
+    if (!full) return NULL;
+    PyObject *sig = f->torch ? torch_sig_fn : cupy_sig_fn;
+    Py_INCREF(sig);
+    PyTuple_SET_ITEM(full, 0, sig);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyTuple_GET_ITEM(args, i);
+        Py_INCREF(a);
+        PyTuple_SET_ITEM(full, i + 1, a);
+    }
+    PyObject *found = PyObject_Call(f->spec, full, PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
+    Py_DECREF(full);
+    PyObject *key = NULL, *fast = NULL, *out = NULL;
+    if (!found) goto miss;
+    if (found == Py_None || !PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 2) {
+        Py_DECREF(found);
+        Py_RETURN_NONE;
+    }
+    if (f->torch) {
+        key = Py_NewRef(PyTuple_GET_ITEM(found, 0));
+    } else {
+        PyObject *dev = get_device_fn ? PyObject_CallNoArgs(get_device_fn) : NULL;
+        if (!dev) goto miss;
+        key = PyTuple_Pack(2, PyTuple_GET_ITEM(found, 0), dev);
+        Py_DECREF(dev);
+        if (!key) goto miss;
+    }
+    fast = PyDict_GetItemWithError(f->table, key); /* borrowed */
+    if (!fast) goto miss;
+    out = PyObject_CallMethodOneArg(fast, f->torch ? s_torch : s_cupy, PyTuple_GET_ITEM(found, 1));
+    Py_DECREF(key);
+    Py_DECREF(found);
+    return out; /* a launch's error is the caller's to see */
+miss:
+    Py_XDECREF(key);
+    Py_XDECREF(found);
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL; /* KeyboardInterrupt and such */
+        PyErr_Clear();
+    }
+    Py_RETURN_NONE;
+}
+
+static int Finder_init(Finder *f, PyObject *args, PyObject *kw) {
+    static char *names[] = {"spec", "table", "torch", NULL};
+    PyObject *spec, *table;
+    int torch;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!p", names, &spec, &PyDict_Type, &table, &torch)) return -1;
+    Py_XSETREF(f->spec, Py_NewRef(spec));
+    Py_XSETREF(f->table, Py_NewRef(table));
+    f->torch = torch;
+    return 0;
+}
+
+static int Finder_traverse(Finder *f, visitproc visit, void *arg) {
+    Py_VISIT(f->spec);
+    Py_VISIT(f->table);
+    return 0;
+}
+
+static int Finder_clear(Finder *f) {
+    Py_CLEAR(f->spec);
+    Py_CLEAR(f->table);
+    return 0;
+}
+
+static void Finder_dealloc(Finder *f) {
+    PyObject_GC_UnTrack(f);
+    Finder_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyTypeObject FinderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cupyops._cfast.Finder",
+    .tp_basicsize = sizeof(Finder),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Finder(spec, table, torch)(args, kwargs): FastCalls.run_cupy / run_torch in C.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Finder_init,
+    .tp_dealloc = (destructor)Finder_dealloc,
+    .tp_traverse = (traverseproc)Finder_traverse,
+    .tp_clear = (inquiry)Finder_clear,
+    .tp_call = (ternaryfunc)Finder_call,
+};
+
+/* bind(cupy_type=, torch_types=, unfit=, get_device=, is_capturing=): what the signature
+   functions, Finders and Replays use (set as the libraries load; is_capturing is
+   cuStreamIsCapturing's address); returns the previous values, as a dict. */
+static PyObject *bind(PyObject *m, PyObject *args, PyObject *kw) {
+    static char *names[] = {"cupy_type", "torch_types", "unfit", "get_device", "is_capturing", NULL};
+    PyObject *vals[5] = {NULL, NULL, NULL, NULL, NULL};
+    PyObject **slots[4] = {&cupy_type, &torch_types, &unfit, &get_device_fn};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOOOO", names, &vals[0], &vals[1], &vals[2], &vals[3], &vals[4]))
+        return NULL;
+    if (vals[1] && vals[1] != Py_None && !PyAnySet_Check(vals[1])) {
+        PyErr_SetString(PyExc_TypeError, "torch_types: a set of types");
+        return NULL;
+    }
+    uint64_t capture_address = 0;
+    if (vals[4] && vals[4] != Py_None && u64(vals[4], &capture_address)) return NULL;
+    PyObject *old = PyDict_New();
+    if (!old) return NULL;
+    for (int i = 0; i < 4; i++) {
+        if (PyDict_SetItemString(old, names[i], *slots[i] ? *slots[i] : Py_None)) {
+            Py_DECREF(old);
+            return NULL;
+        }
+    }
+    PyObject *was = is_capturing_fn ? PyLong_FromUnsignedLongLong((uintptr_t)is_capturing_fn) : Py_NewRef(Py_None);
+    if (!was || PyDict_SetItemString(old, names[4], was)) {
+        Py_XDECREF(was);
+        Py_DECREF(old);
+        return NULL;
+    }
+    Py_DECREF(was);
+    for (int i = 0; i < 4; i++) {
+        if (!vals[i]) continue;
+        Py_XSETREF(*slots[i], vals[i] == Py_None ? NULL : Py_NewRef(vals[i]));
+    }
+    if (vals[4]) is_capturing_fn = (is_capturing_t)(uintptr_t)capture_address;
+    return old;
+}
+
+static PyMethodDef module_methods[] = {
+    {"bind", (PyCFunction)(void (*)(void))bind, METH_VARARGS | METH_KEYWORDS,
+     "What the signature functions and Finders use; returns the previous values."},
+    {NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cupyops._cfast",
+                                    "A memoized fast call's per-call work in C (cupyops/_cfast.c).", -1,
+                                    module_methods};
+
+PyMODINIT_FUNC PyInit__cfast(void) {
+    if (PyType_Ready(&ReplayType) < 0 || PyType_Ready(&FinderType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    s_data = PyUnicode_InternFromString("data");
+    s_ptr = PyUnicode_InternFromString("ptr");
+    s_mem = PyUnicode_InternFromString("mem");
+    s_data_ptr = PyUnicode_InternFromString("data_ptr");
+    s_new_empty = PyUnicode_InternFromString("new_empty");
+    s_shape = PyUnicode_InternFromString("shape");
+    s_strides = PyUnicode_InternFromString("strides");
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_stride = PyUnicode_InternFromString("stride");
+    s_get_device = PyUnicode_InternFromString("get_device");
+    s_cupy = PyUnicode_InternFromString("cupy");
+    s_torch = PyUnicode_InternFromString("torch");
+    cupy_sig_fn = PyCFunction_NewEx(&cupy_sig_def, NULL, NULL);
+    torch_sig_fn = PyCFunction_NewEx(&torch_sig_def, NULL, NULL);
+    launch_error = PyErr_NewException("cupyops._cfast.LaunchError", PyExc_RuntimeError, NULL);
+    PyObject *weakref_module = PyImport_ImportModule("_weakref");
+    weakref_count = weakref_module ? PyObject_GetAttrString(weakref_module, "getweakrefcount") : NULL;
+    Py_XDECREF(weakref_module);
+    if (!weakref_count || !s_data || !s_ptr || !s_mem || !s_data_ptr || !s_new_empty || !launch_error || !s_shape || !s_strides ||
+        !s_dtype || !s_stride || !s_get_device || !s_cupy || !s_torch || !cupy_sig_fn || !torch_sig_fn ||
+        PyModule_AddObjectRef(m, "Replay", (PyObject *)&ReplayType) < 0 ||
+        PyModule_AddObjectRef(m, "Finder", (PyObject *)&FinderType) < 0 ||
+        PyModule_AddObjectRef(m, "cupy_sig", cupy_sig_fn) < 0 ||
+        PyModule_AddObjectRef(m, "torch_sig", torch_sig_fn) < 0 ||
+        PyModule_AddObjectRef(m, "LaunchError", launch_error) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
