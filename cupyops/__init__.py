@@ -6,11 +6,13 @@ CuPy out, on CuPy's current stream; NumPy in -> NumPy out (through pinned memory
 """
 from ._kernels import CompileError, warmup, warmup_async
 from .ops import OPS, variants
+from .ops.activation import gelu_and_mul, silu_and_mul
 from .ops.attention import attention
 from .ops.fp8 import quantize_fp8, scaled_matmul
 from .ops.gemm import gemm, matmul
-from .ops.norm import layer_norm, rms_norm
+from .ops.norm import add_rms_norm, layer_norm, rms_norm
 from .ops.reduce import max, sum, trace  # noqa: A004 - NumPy's names
+from .ops.rope import rope
 from .ops.softmax import softmax
 from . import reference
 
@@ -21,8 +23,10 @@ __version__ = "0.1.0"
 __all__ = [
     "CompileError",
     "OPS",
+    "add_rms_norm",
     "amax",
     "attention",
+    "gelu_and_mul",
     "gemm",
     "layer_norm",
     "matmul",
@@ -30,7 +34,9 @@ __all__ = [
     "quantize_fp8",
     "reference",
     "rms_norm",
+    "rope",
     "scaled_matmul",
+    "silu_and_mul",
     "softmax",
     "sum",
     "trace",

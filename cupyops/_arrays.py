@@ -12,9 +12,9 @@ import numpy as np
 from . import _dtypes
 
 try:
-    from numpy.exceptions import AxisError
+    from numpy.exceptions import AxisError, TooHardError
 except ImportError:  # numpy < 1.25
-    from numpy import AxisError
+    from numpy import AxisError, TooHardError
 
 
 # A null device pointer as a kernel argument (an absent weight, an unused workspace): CuPy's
@@ -252,3 +252,51 @@ def tickets(n):
         buf = cp.zeros(size, dtype=np.uint32)  # on the current stream: ordered before use
         _TICKETS[key] = buf
     return buf
+
+
+# ------------------------------------------------------------------ two-output operators
+def out_pair(out, names):
+    """``out=`` of an operator with two results: None, or a pair of arrays, returned as two
+    values (which the operator then takes as two arguments, so that foreign arrays in the
+    pair are converted like any other). ``names``: what the pair holds, for the message."""
+    if out is None:
+        return None, None
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"out: expected a pair of arrays ({names}), got {type(out).__name__}")
+    if (out[0] is None) != (out[1] is None):
+        raise TypeError(f"out: expected a pair of arrays ({names}), got None in it")
+    return out[0], out[1]
+
+
+def check_no_overlap(name, a, others):
+    """ValueError naming ``name`` when array ``a`` shares memory with one of ``others``
+    ((name, array) pairs; None entries and arrays of the other kind pass)."""
+    if a is None or not a.size:
+        return
+    for other_name, b in others:
+        if b is None or not b.size or is_cupy(a) != is_cupy(b):
+            continue
+        if _shares_elements(a, b) if is_cupy(a) else np.shares_memory(a, b):
+            raise ValueError(f"{name}: must not overlap {other_name}")
+
+
+class _Layout:
+    """A host array description of a device array's memory (address, shape, byte strides):
+    what NumPy's overlap solver needs. NumPy reads no memory through it."""
+
+    def __init__(self, a):
+        self.__array_interface__ = {"shape": tuple(a.shape), "typestr": f"|V{a.itemsize}",
+                                    "data": (a.data.ptr, True), "strides": tuple(a.strides), "version": 3}
+
+
+def _shares_elements(a, b):
+    """Whether CuPy arrays a and b share an element: byte ranges first (cheap), then, where
+    those overlap, NumPy's exact answer on their layouts (q and k as head slices of one
+    qkv buffer interleave without sharing any element). A problem too hard to settle
+    counts as an overlap."""
+    if not _shares_memory_with(a, b):
+        return False
+    try:
+        return bool(np.shares_memory(np.asarray(_Layout(a)), np.asarray(_Layout(b)), max_work=10**6))
+    except TooHardError:
+        return True

@@ -65,6 +65,95 @@ def rms_norm(x, weight=None, eps=1e-6):
     return y
 
 
+def add_rms_norm(x, residual, weight=None, eps=1e-6):
+    """Returns (normed, s): s = x + residual rounded to x's dtype (as the operator and
+    PyTorch's ``x + residual`` give it), then RMSNorm of that rounded s in float64."""
+    xh = _host(x)
+    s = (xh.astype(np.float64) + _f64(residual)).astype(xh.dtype).astype(np.float64)
+    return rms_norm(s, weight, eps), s
+
+
+def _erfc(v):
+    try:
+        from scipy.special import erfc
+    except ImportError:  # NumPy has no erfc of its own
+        import math
+
+        erfc = np.vectorize(math.erfc, otypes=[np.float64])
+    return erfc(v)
+
+
+def silu_and_mul(x):
+    """silu(a) * b for x = [a | b] along the last axis, in float64."""
+    x = _f64(x)
+    d = x.shape[-1] // 2
+    a, b = x[..., :d], x[..., d:]
+    with np.errstate(over="ignore"):
+        return a / (1.0 + np.exp(-a)) * b
+
+
+def gelu_and_mul(x, approximate="none"):
+    """gelu(a) * b for x = [a | b] along the last axis, in float64; approximate "none"
+    (erf) or "tanh", as torch.nn.functional.gelu."""
+    x = _f64(x)
+    d = x.shape[-1] // 2
+    a, b = x[..., :d], x[..., d:]
+    # 1 + erf(z) as erfc(-z), 1 + tanh(u) as 2 / (1 + exp(-2u)): the sums cancel for a << 0
+    # even in float64 (a = -8: 1 + erf keeps one digit)
+    if approximate == "tanh":
+        u = np.sqrt(2.0 / np.pi) * (a + 0.044715 * a**3)
+        with np.errstate(over="ignore"):
+            g = a / (1.0 + np.exp(-2.0 * u))
+    elif approximate == "none":
+        g = 0.5 * a * _erfc(-a / np.sqrt(2.0))
+    else:
+        raise ValueError(f"approximate: 'none' or 'tanh', got {approximate!r}")
+    return g * b
+
+
+def rope_cos_sin(positions, rotary_dim, base=10000.0, cos_sin_cache=None):
+    """(cos, sin), each [tokens, rotary_dim / 2] float64: the rows of cos_sin_cache at the
+    positions (NaN for a position outside its rows, as the operator gives on the device),
+    or the cos and sin in float64 of the operator's float32 angle float32(p) *
+    float32(base ** (-2i / rotary_dim))."""
+    pos = _host(positions).astype(np.int64)
+    half = rotary_dim // 2
+    if cos_sin_cache is not None:
+        cache = _f64(cos_sin_cache)
+        inside = (pos >= 0) & (pos < cache.shape[0])
+        rows = cache[np.where(inside, pos, 0)]
+        rows[~inside] = np.nan
+        return rows[:, :half], rows[:, half:]
+    inv_freq = (float(base) ** (-(2.0 * np.arange(half)) / rotary_dim)).astype(np.float32)
+    angle = (pos.astype(np.float32)[:, None] * inv_freq[None, :]).astype(np.float64)  # a float32 product
+    return np.cos(angle), np.sin(angle)
+
+
+def rope(q, k, positions, rotary_dim=None, base=10000.0, style="neox", cos_sin_cache=None):
+    """(q, k) rotated, float64, cupyops.rope's semantics: q [tokens, q_heads, D], k
+    [tokens, kv_heads, D]; the pairs (x[i], x[i + R/2]) (neox) or (x[2i], x[2i + 1]) (gptj)
+    of the first R = rotary_dim dims turn by the angle of rope_cos_sin; dims [R, D) pass."""
+    q, k = _f64(q), _f64(k)
+    R = q.shape[-1] if rotary_dim is None else rotary_dim
+    cos, sin = rope_cos_sin(positions, R, base, cos_sin_cache)
+    c, s = cos[:, None, :], sin[:, None, :]
+
+    def turn(x):
+        out = x.copy()
+        if style == "neox":
+            first, second = slice(0, R // 2), slice(R // 2, R)
+        elif style == "gptj":
+            first, second = slice(0, R, 2), slice(1, R, 2)
+        else:
+            raise ValueError(f"style: 'neox' or 'gptj', got {style!r}")
+        a, b = x[..., first], x[..., second]
+        out[..., first] = a * c - b * s
+        out[..., second] = b * c + a * s
+        return out
+
+    return turn(q), turn(k)
+
+
 def matmul(a, b):
     """numpy.matmul in float64 (int8 operands: exactly, in int64)."""
     a, b = _host(a), _host(b)

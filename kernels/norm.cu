@@ -20,6 +20,16 @@
 //                       so bytes in flight are bounded by shared memory, not registers;
 //                       layer_norm's statistics come from ONE sweep of shared memory
 //                       (sums of deviations from the chunk's first element), then the write.
+//
+// add_rms_norm (vLLM's fused_add_rms_norm): s = x + residual, rounded to T, is written out
+// and normalised: y = s * rstd * w, rstd from the ROUNDED s (what the PyTorch composition
+// r = x + residual; F.rms_norm(r) computes). Bytes: read x and residual, write s and y.
+//   add_rms_norm_twopass  block per row: add, write s and sum s^2; then re-read s for the
+//                         write pass. Moves 5 rows of bytes for 4.
+//   add_rms_norm_fused    both rows in registers (16-byte loads of x and residual issued
+//                         together): 4 rows of bytes.
+//   add_rms_norm_staged   both rows copied to shared memory by cp.async (blocks of several
+//                         short rows), as *_staged; s goes back to shared memory for the write.
 #include "common.cuh"
 
 using namespace cuops;
@@ -409,4 +419,140 @@ __global__ void CUOPS_CLUSTER_DIMS(CL) __launch_bounds__(1024)
     }
     smem_affine_store(r.s, y + r.row * n + r.begin, ws ? ws + r.begin : ws, (const T*)nullptr, r.len, r.t, G,
                       aligned, 0.f, rsqrtf(ss / n + eps));
+}
+
+// ------------------------------------------------------------------ add + RMS norm
+// Outputs: y (normed) and s (the sum). s == nullptr: s follows y in one allocation,
+// s = y + rows * n (the host's default, so that its memoized fast path has one output to
+// allocate, cupyops/_fast.py). In place (vLLM's contract), y is x and s is residual: every
+// element is read, by the thread that writes it, before it is written (the staged rung reads
+// the block's rows before its barrier), and nothing here is __restrict__ or read through
+// the non-coherent cache, since x and y (residual and s) may be one array.
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+    return to_f32(from_f32<T>(v));
+}
+
+template <typename T>
+__device__ __forceinline__ T* sum_dst(T* y, T* s, i64 rows, int n) {
+    return s ? s : y + rows * n;
+}
+
+template <typename T>
+__global__ void add_rms_norm_twopass(const T* x, const T* residual, const T* __restrict__ w, T* y, T* s, i64 rows,
+                                     int n, float eps) {
+    __shared__ float scratch[32];
+    s = sum_dst(y, s, rows, n);
+    const i64 base = (i64)blockIdx.x * n;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = round_to<T>(to_f32(x[base + i]) + to_f32(residual[base + i]));
+        s[base + i] = from_f32<T>(v);
+        ss += v * v;
+    }
+    const float rstd = rsqrtf(group_reduce<FSum>(ss, blockDim.x, scratch) / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {  // reads back what this thread wrote
+        float v = to_f32(s[base + i]) * rstd;
+        if (w) v *= to_f32(w[i]);
+        y[base + i] = from_f32<T>(v);
+    }
+}
+
+// v = round_T(x + r) over this thread's elements of the row (RowRegs' layout); padding 0.
+// The 2 * VECS 16-byte loads are independent, so they are all in flight before the adds.
+template <typename T, int VECS>
+__device__ __forceinline__ void load_sum(RowRegs<T, VECS>& v, const T* x, const T* r, int len, int t, int G,
+                                         bool aligned) {
+    constexpr int N = Vec<T>::N;
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+        const int e0 = (i * G + t) * N;
+        if (aligned && e0 + N <= len) {
+            float a[N], b[N];
+            load_vec_any(x + e0, a);
+            load_vec_any(r + e0, b);
+#pragma unroll
+            for (int j = 0; j < N; ++j) v.v[i][j] = round_to<T>(a[j] + b[j]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < N; ++j)
+                v.v[i][j] = (e0 + j < len) ? round_to<T>(to_f32(x[e0 + j]) + to_f32(r[e0 + j])) : 0.f;
+        }
+    }
+}
+
+template <typename T, int VECS>
+__global__ void __launch_bounds__(RowRegs<T, VECS>::MAX_THREADS)
+    add_rms_norm_fused(const T* x, const T* residual, const T* __restrict__ w, T* y, T* s, i64 rows, int n, float eps,
+                       int G, int aligned) {
+    __shared__ float scratch[32];
+    s = sum_dst(y, s, rows, n);
+    const RowSlot rs = row_slot(rows, n, G);
+    RowRegs<T, VECS> v;
+    load_sum(v, x + rs.row * n, residual + rs.row * n, rs.len, rs.t, G, aligned);
+    v.store(s + rs.row * n, rs.len, rs.t, G, aligned, [](float e) { return e; });
+    const float rstd = rsqrtf(group_reduce<FSum>(regs_sum(v, true), G, scratch) / n + eps);
+    affine_store(v, y + rs.row * n, w, (const T*)nullptr, rs.len, rs.t, G, aligned, 0.f, rstd);
+}
+
+// A block of blockDim.x / G rows: the x rows, then the residual rows, then (when the host
+// asks, `params`) the weight, staged by cp.async (the host plans a row as the 2n elements
+// of both, cupyops/ops/_rows.py). The sum goes to global memory and back over the x rows
+// in shared memory, which the write pass then reads.
+template <typename T>
+__global__ void __launch_bounds__(1024)
+    add_rms_norm_staged(const T* x, const T* residual, const T* __restrict__ w, T* y, T* s, i64 rows, int n,
+                        float eps, int chunk, int G, int params, int aligned) {
+    extern __shared__ __align__(16) unsigned char smem_bytes[];
+    __shared__ float scratch[32];
+    constexpr int N = Vec<T>::N;
+    s = sum_dst(y, s, rows, n);
+    T* xs = reinterpret_cast<T*>(smem_bytes);
+    const int rb = blockDim.x / G, g = threadIdx.x / G, t = threadIdx.x % G;
+    T* rs = xs + rb * n;
+    const i64 row0 = (i64)blockIdx.x * rb;
+    const int nrows = (int)min((i64)rb, rows - row0);
+    const T* ws = w;
+    if (params && w) {
+        T* wbuf = rs + rb * n;
+        if (aligned) {
+            issue_to_smem(wbuf, w, n);
+        } else {
+            for (int e = threadIdx.x; e < n; e += blockDim.x) wbuf[e] = w[e];
+        }
+        ws = wbuf;
+    }
+    if (aligned) {
+        issue_to_smem(xs, x + row0 * n, nrows * n);
+    } else {
+        for (int e = threadIdx.x; e < nrows * n; e += blockDim.x) xs[e] = x[row0 * n + e];
+    }
+    stage_to_smem(rs, residual + row0 * n, nrows * n, aligned);  // waits for all three, barrier
+    const int len = g < nrows ? n : 0;
+    T* xr = xs + g * n;
+    const T* rr = rs + g * n;
+    T* srow = s + (row0 + g) * n;
+    float ss = 0.f;
+    if (aligned) {
+        for (int e0 = t * N; e0 < len; e0 += G * N) {
+            float a[N], b[N];
+            load_vec_any(xr + e0, a);
+            load_vec_any(rr + e0, b);
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                a[j] = round_to<T>(a[j] + b[j]);
+                ss += a[j] * a[j];
+            }
+            store_vec(srow + e0, a);
+            store_vec(xr + e0, a);  // the same elements smem_affine_store gives this thread
+        }
+    } else {
+        for (int e = t; e < len; e += G) {
+            const float v = round_to<T>(to_f32(xr[e]) + to_f32(rr[e]));
+            ss += v * v;
+            srow[e] = xr[e] = from_f32<T>(v);
+        }
+    }
+    ss = group_reduce<FSum>(ss, G, scratch);
+    smem_affine_store(xr, y + (row0 + g) * n, ws, (const T*)nullptr, len, t, G, aligned, 0.f, rsqrtf(ss / n + eps));
 }

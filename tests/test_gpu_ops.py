@@ -389,13 +389,16 @@ def test_warmup_compiles_every_kernel_file():
     hopper = _cupy().cuda.Device().compute_capability == "90"
     gemm = ["gemm_simt.cu", "gemm_mma.cu", *(["gemm_wgmma.cu"] if hopper else []), "gemm_skinny.cu"]
     fp8 = ["quantize.cu", *(["gemm_fp8.cu"] if hopper else [])]
-    assert sorted(cupyops.warmup()) == sorted([*gemm, *fp8, "norm.cu", "reduce.cu", "softmax.cu", *attention])
+    assert sorted(cupyops.warmup()) == sorted([*gemm, *fp8, "norm.cu", "reduce.cu", "softmax.cu", *attention,
+                                               "activation.cu", "rope.cu"])
     assert cupyops.warmup("attention") == attention
     assert cupyops.warmup("matmul") == gemm
     assert cupyops.warmup("scaled_matmul") == fp8
     assert cupyops.warmup("softmax") == ["softmax.cu"]
     assert cupyops.warmup(["trace", "sum", "max"]) == ["reduce.cu"]
     assert cupyops.warmup(["layer_norm", "rms_norm"]) == ["norm.cu"]
+    assert cupyops.warmup(["silu_and_mul", "gelu_and_mul", "add_rms_norm", "rope"]) == [
+        "activation.cu", "norm.cu", "rope.cu"]
 
 
 def test_small_calls_from_several_threads_agree():
@@ -768,7 +771,9 @@ def test_softmax_huge_magnitudes_are_nearly_one_hot(op, impl, dtype, n):
 
 
 # ---------------------------------------------------------------------------- API behaviour
-@pytest.mark.parametrize("op", [op for op in cupyops.OPS if op not in ("matmul", "gemm", "attention")])  # test_gpu_gemm.py, test_gpu_attention.py
+# (the others: test_gpu_gemm.py, test_gpu_attention.py, test_gpu_fused.py)
+@pytest.mark.parametrize("op", [op for op in cupyops.OPS if op not in (
+    "matmul", "gemm", "attention", "silu_and_mul", "gelu_and_mul", "add_rms_norm", "rope")])
 def test_numpy_in_numpy_out_and_cupy_in_cupy_out(op):
     rng = np.random.default_rng()
     for mode in ("numpy", "cupy"):

@@ -61,6 +61,14 @@ def shape_args(rows, n):
     return _launch.memo(_shape_args, (rows, n), lambda: (np.int64(rows), np.int32(n)))
 
 
+# Ops whose staged rung stages several input rows per row: op -> (the op whose staging
+# sizes apply, input rows a row). add_rms_norm stages x's row and residual's together,
+# planned as one row of 2n elements with rms_norm's sizes (its bytes in flight and shared
+# memory are what the sizes are about); the weight, when staged, takes one such row. These
+# stage whole rows only: where the pair is too long for one block (a cluster plan), the
+# register rung takes the row, then the fallback.
+STAGE_AS = {"add_rms_norm": ("rms_norm", 2)}
+
 _plans = {}
 
 
@@ -84,13 +92,15 @@ def _choose(kernels, op, impl, n, dt, fallback, simple_block):
         # bytes in flight (registers hold them widened to float).
         impl = "fused" if dt == "float32" and _launch.fused_row_plan(n, dt) else "staged"
     if impl == "staged":
-        sp = _launch.staged_row_plan(n, _dtypes.itemsize(dt), op, props)
-        if sp is not None:
-            fn, name = get(template_name(f"{op}_staged", t, sp.cluster))
+        stage_as, inputs = STAGE_AS.get(op, (op, 1))
+        sp = _launch.staged_row_plan(inputs * n, _dtypes.itemsize(dt), stage_as, props)
+        if sp is not None and (inputs == 1 or sp.cluster == 1):
+            kernel = f"{op}_staged"
+            fn, name = get(template_name(kernel, t) if inputs > 1 else template_name(kernel, t, sp.cluster))
             _launch.request_smem(fn, sp.smem, props, f"{op} (staged, n={n})")
             return RowPlan(fn, name, sp.block, rows_per_block=sp.rows_per_block, cluster=sp.cluster,
                            smem=sp.smem, tail=(sp.chunk, sp.group) + (() if op == "softmax" else (sp.params,)))
-        impl = fallback
+        impl = fallback if inputs == 1 else "fused"  # (fused falls back in turn where it cannot)
     if impl in ("fused", "cluster"):
         fp = _launch.fused_row_plan(n, dt)
         if fp is not None:

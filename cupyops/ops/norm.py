@@ -25,6 +25,16 @@ VARIANTS = {
         "swapped through distributed shared memory: still one read",
         "staged": _rows.STAGED_DOC,
     },
+    "add_rms_norm": {
+        "twopass": "block per row: add (sum written), then re-read the sum for the write "
+        "pass: 5 rows of bytes moved for 4",
+        "fused": "x and residual rows in registers, 16-byte loads of both in flight: each "
+        "read once, sum and output written once; rows too long for one block fall back to "
+        "twopass",
+        "staged": "x and residual rows copied to shared memory by cp.async (several short "
+        "rows a block, planned as one row of both): bytes in flight bounded by shared "
+        "memory, not registers; rows too long to stage go to fused",
+    },
 }
 
 
@@ -39,6 +49,8 @@ def _expressions():
                 names += [template_name(f"{op}_cluster", t, vecs, cl) for cl in _launch.CLUSTER_SIZES]
         for op in ("layer_norm", "rms_norm"):
             names += [template_name(f"{op}_staged", t, cl) for cl in (1, *_launch.CLUSTER_SIZES)]
+        names += [template_name("add_rms_norm_twopass", t), template_name("add_rms_norm_staged", t)]
+        names += [template_name("add_rms_norm_fused", t, vecs) for vecs in _launch.ROW_VECS[d]]
     return names
 
 
@@ -62,7 +74,17 @@ def _fast_spec_rms_norm(sig, x, weight=None, eps=1e-6, *, out=None, impl="auto")
     return (sig(x), sig(weight), eps, impl), (x, weight)
 
 
-_FAST = {"layer_norm": _fast.FastCalls(_fast_spec_layer_norm), "rms_norm": _fast.FastCalls(_fast_spec_rms_norm)}
+def _fast_spec_add_rms_norm(sig, x, residual, weight, eps, inplace, impl, out0, out1):
+    """add_rms_norm's fast-path signature: the arrays' layouts, eps, inplace and impl, for
+    calls with no out=."""
+    if (out0 is not None or out1 is not None or type(eps) is not float or type(inplace) is not bool
+            or type(impl) is not str):
+        return None
+    return (sig(x), sig(residual), sig(weight), eps, inplace, impl), (x, residual, weight)
+
+
+_FAST = {"layer_norm": _fast.FastCalls(_fast_spec_layer_norm), "rms_norm": _fast.FastCalls(_fast_spec_rms_norm),
+         "add_rms_norm": _fast.FastCalls(_fast_spec_add_rms_norm)}
 
 
 def _check(x, weight, bias, eps, out, impl, op):
@@ -145,3 +167,107 @@ def _norm_rows(op, impl, dt, xd, wd, bd, y, mean, rstd, rows, n, eps, remember=F
     if remember:
         inputs = (xd, wd, bd) if op == "layer_norm" else (xd, wd)
         _FAST[op].offer(lambda: _fast.build(plan.fast_variants(rows, n, xd.itemsize, args), inputs, y))
+
+
+# ------------------------------------------------------------------ add + RMS norm
+def add_rms_norm(x, residual, weight, eps=1e-6, *, inplace=False, out=None, impl="auto"):
+    """Residual add fused with RMSNorm over the last axis (vLLM's ``fused_add_rms_norm``):
+    returns ``(normed, s)`` with ``s = x + residual`` and ``normed = s / sqrt(mean(s**2) +
+    eps) * weight``.
+
+    The sum is computed in float32 and rounded to the dtype, and the norm is computed from
+    that ROUNDED sum, exactly as the PyTorch composition ``s = x + residual;
+    F.rms_norm(s, (n,), weight, eps)`` does, so ``s`` is bit for bit PyTorch's. The
+    normalised value times weight is rounded once (vLLM and Hugging Face's LlamaRMSNorm
+    round ``s * rstd`` to the dtype before multiplying by weight: within an ulp of this).
+
+    x and residual: the same shape and dtype (float32, float16, bfloat16); weight: shape
+    ``(n,)`` and the same dtype, or None. ``inplace=True`` (vLLM's contract): x receives
+    ``normed`` and residual receives ``s``, and ``(x, residual)`` are returned; CuPy arrays
+    must then be C-contiguous and must not overlap. ``out=(normed_out, s_out)``: two
+    C-contiguous arrays of x's shape and dtype to write instead of new ones (not with
+    inplace); they are returned."""
+    out0, out1 = _arrays.out_pair(out, "normed, sum")
+    res = _add_rms_norm(x, residual, weight, eps, inplace, impl, out0, out1)
+    if inplace:
+        return x, residual
+    if out is not None:
+        return out0, out1
+    return res[0], res[1]
+
+
+def _check_add_rms_norm(x, residual, weight, eps, inplace, impl, out0, out1):
+    x = _arrays.as_input(x, "x")
+    dt = _arrays.check_dtype(x, "x", _dtypes.FLOAT_TYPES)
+    _arrays.check_ndim(x, "x", min_ndim=1)
+    residual = _arrays.check_param(residual, "residual", x, x.shape)
+    if residual is None:
+        raise TypeError("residual: expected an array, got None")
+    weight = _arrays.check_param(weight, "weight", x, (x.shape[-1],))
+    eps = _arrays.check_eps(eps)
+    if type(inplace) is not bool:
+        raise TypeError(f"inplace: expected True or False, got {inplace!r}")
+    _arrays.check_impl(impl, VARIANTS["add_rms_norm"], "add_rms_norm")
+    if inplace and (out0 is not None or out1 is not None):
+        raise ValueError("out: not with inplace=True (the results go to x and residual)")
+    outs = []
+    for name, o in (("out[0]", out0), ("out[1]", out1)):
+        o = _arrays.check_out(o, x, x.shape, x.dtype, name=name)
+        if o is not None:
+            _arrays.check_no_overlap(name, o, [("residual", residual), ("weight", weight), *outs])
+            outs.append((name, o))
+    if inplace:
+        for name, a in (("x", x), ("residual", residual)):
+            if _arrays.is_cupy(a) and not a.flags.c_contiguous:
+                raise ValueError(f"{name}: must be C-contiguous for inplace=True")
+            if not _arrays.is_cupy(a) and not a.flags.writeable:
+                raise ValueError(f"{name}: must be writeable for inplace=True")
+        _arrays.check_no_overlap("residual", residual, [("x", x)])
+        _arrays.check_no_overlap("weight", weight, [("x", x), ("residual", residual)])
+    return x, dt, residual, weight, eps, out0, out1
+
+
+@foreign_arrays(fast=_FAST["add_rms_norm"])
+def _add_rms_norm(x, residual, weight, eps, inplace, impl, out0, out1):
+    """add_rms_norm on arrays (the public function's arguments, out= as two): returns
+    (normed, sum) packed in one new (2, *x.shape) array, or nothing where they went to
+    out= or in place."""
+    x, dt, residual, weight, eps, out0, out1 = _check_add_rms_norm(x, residual, weight, eps, inplace, impl, out0, out1)
+    call = None if _arrays.is_cupy(x) else _arrays.HostCall()
+    cp = _arrays.cupy_module()
+    n = x.shape[-1]
+    xd = _arrays.to_device(x, call)
+    rd = _arrays.to_device(residual, call)
+    wd = _arrays.to_device(weight, call) if weight is not None else None
+    packed = None
+    if inplace:
+        y, s = xd, rd
+    elif out0 is not None:
+        y, s = _arrays.device_out(out0, call, x.shape, x.dtype), _arrays.device_out(out1, call, x.shape, x.dtype)
+    else:
+        packed = cp.empty((2,) + tuple(x.shape), x.dtype)
+        y, s = packed, None  # the kernels put the sum after the normed rows
+    if x.size:
+        rows = x.size // n
+        aligned = _launch.rows_aligned(16 // xd.itemsize, n, xd, rd, wd, y, s)
+        args = (xd, rd, _p(wd), y, _p(s), *_rows.shape_args(rows, n), np.float32(eps))
+        plan = _rows.plan(KERNELS, "add_rms_norm", impl, n, dt, "twopass")
+        plan.launch(rows, args, aligned)
+        if call is None and xd is x and rd is residual and wd is weight and out0 is None:
+            inputs = (xd, rd, wd)
+            # in place the launches name only the inputs; the fast call's output is a token
+            result = packed if packed is not None else cp.empty((0,), x.dtype)
+            _FAST["add_rms_norm"].offer(lambda: _fast.build(plan.fast_variants(rows, n, xd.itemsize, args), inputs,
+                                                            result))
+            return result
+    if call is None:
+        return packed
+    if inplace:  # NumPy in: the results go back into the caller's arrays
+        _arrays.finish(xd, x, call)
+        _arrays.finish(rd, residual, call)
+        return None
+    if out0 is not None:
+        _arrays.finish(y, out0, call)
+        _arrays.finish(s, out1, call)
+        return None
+    return _arrays.finish(packed, None, call)
