@@ -24,6 +24,10 @@ VARIANTS = {
     "matmul": ["naive", "tiled", "regblock", "pipelined", "wmma", "mma", "skinny"],
     "scaled_matmul": ["wgmma_ws"],
     "attention": ["naive", "tiled", "flash_v1", "flash", "decode"],
+    "silu_and_mul": ["naive", "vector"],
+    "gelu_and_mul": ["naive", "vector"],
+    "add_rms_norm": ["twopass", "fused", "staged"],
+    "rope": ["naive", "fused"],
 }
 
 
@@ -103,8 +107,8 @@ def test_full_suite_is_the_acceptance_set():
     assert {((8192, 8192, 8192), d) for d in ("float32", "float16", "bfloat16", "int8")} <= gemms
     # matmul: the GEMM issue's 6 shapes x 4 dtypes in nn, and 22 Hopper cases (see
     # test_full_suite_matmul_cases); scaled_matmul: 5 (test_scaled_matmul_cases); + the
-    # attention acceptance set
-    assert len(cs) == 1 + 5 * 9 + 9 + 6 * 4 + 22 + 5 + ATTN_CASES
+    # attention acceptance set; + the 4 fused LLM operators in 3 dtypes (test_fused_op_cases)
+    assert len(cs) == 1 + 5 * 9 + 9 + 6 * 4 + 22 + 5 + ATTN_CASES + 4 * 3
     assert cases.suite_ops("full") == cases.OPS
 
 
@@ -1444,3 +1448,43 @@ def test_header_reports_graph_replay_time_per_operator():
                     "cupyops_graph": 2.25, "torch_graph": None}})
     assert ("host time per call, softmax 8x4096: cupyops 6.0 us, with torch tensors 7.5 us, torch 9.0 us; "
             "replayed from a CUDA graph: cupyops 2.2 us, torch -") in "\n".join(report.header_lines(m))
+
+
+# ------------------------------------------------------------------------ fused LLM operators
+def test_fused_op_cases():
+    # the acceptance size in every float dtype: 16384 tokens of hidden 4096 (x of
+    # silu/gelu_and_mul holds [a | b], 2 x 4096), rope with Llama-3-8B's 32 / 8 heads of 128
+    full = cases.expand_cases(cases.FUSED_OPS, "full")
+    got = {(c.op, c.shape) for c in full}
+    assert got == {("silu_and_mul", (16384, 8192)), ("gelu_and_mul", (16384, 8192)),
+                   ("add_rms_norm", (16384, 4096)), ("rope", (16384, 32, 8, 128))}
+    assert {c.dtype for c in full} == set(cases.FLOAT_DTYPES) and len(full) == 12
+    quick = cases.expand_cases(cases.FUSED_OPS, "quick")
+    assert {(c.op, c.shape[0]) for c in quick} == {(op, 4096) for op in cases.FUSED_OPS}
+    assert cases.parse_ops(["swiglu,fused_add_rms_norm", "rotary", "geglu"]) == (
+        "silu_and_mul", "add_rms_norm", "rope", "gelu_and_mul")
+
+
+def test_fused_op_bytes_rows_and_baselines():
+    bf16 = 2
+    silu = cases.Case("silu_and_mul", "bfloat16", (16384, 8192))
+    assert cases.bytes_moved(silu) == 16384 * 8192 * bf16 + 16384 * 4096 * bf16  # x read, y written
+    add = cases.Case("add_rms_norm", "bfloat16", (16384, 4096))
+    assert cases.bytes_moved(add) == 4 * 16384 * 4096 * bf16 + 4096 * bf16  # 2 in, 2 out, weight
+    rope = cases.Case("rope", "bfloat16", (16384, 32, 8, 128))
+    assert rope.rows == 16384 and rope.cols == 40 * 128 and rope.numel == 16384 * 40 * 128
+    assert cases.bytes_moved(rope) == 2 * 16384 * 40 * 128 * bf16 + 16384 * 8  # q, k in and out; positions
+    assert all(c.row_wise for c in (silu, add, rope))
+    rows = cases.sample_rows(rope, limit=2**20)
+    assert rows[0] == 0 and rows[-1] == 16383 and len(rows) == 2**20 // (40 * 128)
+    for c in (silu, add, rope):
+        assert [i.name for i in cases.impls_for(c, VARIANTS[c.op])][-2:] == ["auto", "torch"]
+
+
+def test_fused_op_shape_options():
+    plan, _ = plan_for(["--op", "rope,silu_and_mul", "--shape", "64x8,16x4x2x64", "--dtype", "bf16"])
+    assert {(c.op, c.shape) for c, _ in plan} == {("rope", (16, 4, 2, 64)), ("silu_and_mul", (64, 8))}
+    with pytest.raises(ValueError, match="--shape: rope takes tokens x q_heads x kv_heads x head_dim"):
+        cases.expand_cases(("rope",), "quick", shapes=((64, 8),))
+    with pytest.raises(ValueError, match="--shape: gelu_and_mul takes x \\[..., 2d\\], an even last"):
+        cases.expand_cases(("gelu_and_mul",), "quick", shapes=((64, 7),))

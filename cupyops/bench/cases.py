@@ -12,7 +12,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-OPS = ("trace", "sum", "max", "softmax", "layer_norm", "rms_norm", "matmul", "scaled_matmul", "attention")
+OPS = ("trace", "sum", "max", "softmax", "layer_norm", "rms_norm", "matmul", "scaled_matmul", "attention",
+       "silu_and_mul", "gelu_and_mul", "add_rms_norm", "rope")
+# The fused LLM operators (issue 19). Their shapes: silu/gelu_and_mul x's [tokens, 2d];
+# add_rms_norm x's [tokens, hidden]; rope (tokens, q_heads, kv_heads, head_dim), q
+# [tokens, q_heads, head_dim] and k [tokens, kv_heads, head_dim].
+FUSED_OPS = ("silu_and_mul", "gelu_and_mul", "add_rms_norm", "rope")
+# gelu_and_mul's form timed (the operator's default, as torch.nn.functional.gelu's)
+GELU_APPROXIMATE = "none"
 # The GEMM-shaped ops: (M, N, K) shapes, operand layouts, multiply-adds as their work.
 GEMM_OPS = ("matmul", "scaled_matmul")
 _OP_ALIASES = {
@@ -26,6 +33,13 @@ _OP_ALIASES = {
     "scaled_mm": "scaled_matmul",
     "attn": "attention",
     "sdpa": "attention",
+    "silu": "silu_and_mul",
+    "swiglu": "silu_and_mul",
+    "gelu": "gelu_and_mul",
+    "geglu": "gelu_and_mul",
+    "fused_add_rms_norm": "add_rms_norm",
+    "add-rms-norm": "add_rms_norm",
+    "rotary": "rope",
 }
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -41,6 +55,7 @@ OP_DTYPES = {
     # float8 e4m3 operands (uint8 bits in CuPy), bfloat16 out, per-tensor scales
     "scaled_matmul": ("float8_e4m3",),
     "attention": FLOAT_DTYPES,
+    **{op: FLOAT_DTYPES for op in FUSED_OPS},
 }
 _DTYPE_ALIASES = {
     "fp32": "float32", "f32": "float32", "float": "float32",
@@ -66,6 +81,8 @@ BASELINES = {
     # torch.nn.functional.scaled_dot_product_attention, one row per backend (sdpa_kernel);
     # prefill cases get the two fast ones, decode cases all four (see attention_baselines)
     "attention": ("torch-flash", "torch-cudnn", "torch-efficient", "torch-math"),
+    # the PyTorch eager compositions the fused operators replace (runners.baseline_call)
+    **{op: ("torch",) for op in FUSED_OPS},
 }
 # SDPA backend of each attention baseline: the name in torch.nn.attention.SDPBackend
 SDPA_BACKENDS = {"torch-flash": "FLASH_ATTENTION", "torch-cudnn": "CUDNN_ATTENTION",
@@ -78,8 +95,9 @@ TOLERANCE_KIND = {
     "trace": "reduce", "sum": "reduce", "max": "reduce",
     "softmax": "norm", "layer_norm": "norm", "rms_norm": "norm", "matmul": "gemm",
     "scaled_matmul": "scaled_matmul", "attention": "attention",
+    **{op: "norm" for op in FUSED_OPS},
 }
-NORM_EPS = {"layer_norm": 1e-5, "rms_norm": 1e-6}
+NORM_EPS = {"layer_norm": 1e-5, "rms_norm": 1e-6, "add_rms_norm": 1e-6}
 
 # Reductions are benchmarked along the last axis; sum also over the whole array.
 DEFAULT_AXES = {"sum": (-1, None), "max": (-1,)}
@@ -185,6 +203,11 @@ MATMUL_FULL = (
 SCALED_MATMUL_QUICK = ((((4096, 4096, 4096),), ("nt",), ("float8_e4m3",)),)
 SCALED_MATMUL_FULL = ((_SQUARE_GEMMS + tuple(s for s in _LLAMA3_8B_PREFILL if s[0] == 4096), ("nt",),
                        ("float8_e4m3",)),)
+# The fused operators at the issue's acceptance size, 16384 tokens of hidden 4096 (Llama-3-8B:
+# 32 query heads and 8 key/value heads of 128 for rope), and a quarter of it for quick.
+_FUSED_FULL = {"silu_and_mul": (16384, 8192), "gelu_and_mul": (16384, 8192), "add_rms_norm": (16384, 4096),
+               "rope": (16384, 32, 8, 128)}
+_FUSED_QUICK = {op: (s[0] // 4,) + s[1:] for op, s in _FUSED_FULL.items()}
 # suite -> op ("*" = any other op) -> (shapes, dtypes); attention: ATTENTION_CASES;
 # matmul, scaled_matmul: MATMUL_*, SCALED_MATMUL_*
 SUITES = {
@@ -196,6 +219,7 @@ SUITES = {
         "matmul": MATMUL_QUICK,
         "scaled_matmul": SCALED_MATMUL_QUICK,
         "attention": ATTENTION_CASES,
+        **{op: ((shape,), ("float32", "bfloat16")) for op, shape in _FUSED_QUICK.items()},
         "*": (((4096, 4096),), ("float32", "bfloat16")),
     },
     # The acceptance shapes: square-ish, many short rows, few very long rows.
@@ -204,6 +228,7 @@ SUITES = {
         "matmul": MATMUL_FULL,
         "scaled_matmul": SCALED_MATMUL_FULL,
         "attention": ATTENTION_CASES,
+        **{op: ((shape,), FLOAT_DTYPES) for op, shape in _FUSED_FULL.items()},
         "*": (_BIG_SHAPES, FLOAT_DTYPES),
     },
 }
@@ -238,17 +263,22 @@ class Case:
 
     @property
     def numel(self):
+        if self.op == "rope":  # q's and k's elements
+            T, Hq, Hkv, D = self.shape
+            return T * (Hq + Hkv) * D
         return math.prod(self.shape)
 
     @property
     def cols(self):
         """Length of the last axis: the row the row-wise ops work on (matmul: N, the
-        output's row)."""
+        output's row; rope: a token's elements of q and k)."""
+        if self.op == "rope":
+            return self.numel // self.shape[0]
         return self.shape[1] if self.op in GEMM_OPS else self.shape[-1]
 
     @property
     def rows(self):
-        """Rows of the output checked row by row (matmul: M)."""
+        """Rows of the output checked row by row (matmul: M; rope: tokens)."""
         return self.shape[0] if self.op in GEMM_OPS else self.numel // self.cols
 
     @property
@@ -260,7 +290,7 @@ class Case:
     def row_wise(self):
         """True when each output row depends only on the same input row (so a subset of
         rows can be checked on its own; matmul: row i of the output is row i of A times B)."""
-        return self.op in ("softmax", "layer_norm", "rms_norm", *GEMM_OPS) or (
+        return self.op in ("softmax", "layer_norm", "rms_norm", *GEMM_OPS, *FUSED_OPS) or (
             self.op in ("sum", "max") and self.axis == -1
         )
 
@@ -521,6 +551,16 @@ def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None, masks=
         if op == "attention":
             cases += _attention_cases(suite, dtypes, shapes_for_op, masks)
             continue
+        if op == "rope" or (shapes_for_op and len(ops) > 1 and "rope" in ops):
+            # rope's shapes are TxHqxHkvxD (4-D); among several ops, 4-D shapes go to it alone
+            if shapes_for_op:
+                kept = tuple(s for s in shapes_for_op if (len(s) == 4) == (op == "rope"))
+                if not kept:
+                    if len(ops) > 1:
+                        continue
+                    raise ValueError("--shape: rope takes tokens x q_heads x kv_heads x head_dim, "
+                                     "e.g. 16384x32x8x128")
+                shapes_for_op = kept
         if op in GEMM_OPS:
             if shapes_for_op and len(ops) > 1:  # the 2-D shapes are the other ops'
                 shapes_for_op = tuple(s for s in shapes_for_op if len(s) == 3)
@@ -541,6 +581,11 @@ def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None, masks=
             for s in op_shapes:
                 if len(s) != 2:
                     raise ValueError(f"--shape: trace needs a 2-D shape, got {'x'.join(map(str, s))}")
+        if op in ("silu_and_mul", "gelu_and_mul"):
+            for s in op_shapes:
+                if s[-1] % 2:
+                    raise ValueError(f"--shape: {op} takes x [..., 2d], an even last dimension, got "
+                                     f"{'x'.join(map(str, s))}")
         for axis in op_axes:
             for shape in op_shapes:
                 for dtype in op_dtypes:
@@ -750,6 +795,12 @@ def bytes_moved(case):
         return 2 * numel * s + 2 * n * s  # + weight + bias
     if case.op == "rms_norm":
         return 2 * numel * s + n * s  # + weight
+    if case.op in ("silu_and_mul", "gelu_and_mul"):
+        return numel * s + numel // 2 * s  # x [.., 2d] read, y [.., d] written
+    if case.op == "add_rms_norm":
+        return 4 * numel * s + n * s  # x, residual read; normed, sum written; + weight
+    if case.op == "rope":  # q and k read and written, int64 positions read (cos/sin computed)
+        return 2 * numel * s + case.shape[0] * 8
     if case.op in GEMM_OPS:
         M, N, K = case.shape
         return (M * K + K * N) * s + M * N * result_itemsize(case.op, case.dtype)

@@ -50,6 +50,11 @@ attention: shapes name their dimensions, B batch, Hq/Hkv query/key-value heads (
   Slow rungs, left out in every suite unless --no-skip-slow: naive when its B*Hq*Sq*Skv
   float32 scores exceed 2 GiB, naive/tiled/flash_v1 (CUDA cores) above 2^40 FLOP, decode
   above 16 query rows.
+fused LLM operators: silu_and_mul, gelu_and_mul (shape: x's, tokens x 2d), add_rms_norm
+  (tokens x hidden), rope (tokens x q_heads x kv_heads x head_dim, e.g. 16384x32x8x128; neox,
+  cos/sin from base 10000, int64 positions). Baseline: the PyTorch eager composition each
+  replaces ('torch'); "% copy same B" is against a device copy of the bytes they move.
+  quick: 4096 tokens in float32+bfloat16; full: 16384 tokens (hidden 4096) in every dtype.
 exit status: 0 when every cupyops variant passed validation, 1 if one FAILED, 2 on bad options.
 """
 

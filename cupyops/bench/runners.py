@@ -17,6 +17,10 @@ multiplies by the same logical K x N B.
 Attention is compared on a sample (cases.attention_sample: a few batches and heads, ~64
 query rows), against reference_rows: the float64 attention of just those query rows,
 with the causal mask of their place in the whole problem.
+
+The fused operators with two results (add_rms_norm: normed and sum; rope: q and k) are
+checked result by result (the error reported is the larger), with out= a pair of
+poisoned buffers; the baselines are the PyTorch eager compositions they replace.
 """
 import math
 import re
@@ -49,6 +53,9 @@ class CaseData:
     v: object = None
     scales: tuple = ()  # scaled_matmul: (scale_a, scale_b), float32 0-d device arrays
     sample: object = None  # attention: the cases.AttnSample compared
+    residual: object = None  # add_rms_norm
+    positions: object = None  # rope: int64 [tokens]
+    cos_sin_cache: object = None  # rope's torch baseline: [max_pos, head_dim] in the case's dtype
     _torch: dict = field(default_factory=dict)
 
     def torch_args(self, torch):
@@ -58,7 +65,9 @@ class CaseData:
         if not self._torch:
             conv = lambda a: None if a is None else torch.from_dlpack(a)  # noqa: E731
             self._torch.update(x=conv(self.x), weight=conv(self.weight), bias=conv(self.bias),
-                               k=conv(self.k), v=conv(self.v), scales=tuple(conv(s) for s in self.scales))
+                               k=conv(self.k), v=conv(self.v), scales=tuple(conv(s) for s in self.scales),
+                               residual=conv(self.residual), positions=conv(self.positions),
+                               cos_sin_cache=conv(self.cos_sin_cache))
         return self._torch
 
 
@@ -90,6 +99,8 @@ def prepare(case, *, seed=0, check_limit=_cases.CHECK_LIMIT):
         return _prepare_scaled_matmul(case, seed, check_limit)
     if case.op == "attention":
         return _prepare_attention(case, seed, check_limit)
+    if case.op == "rope":
+        return _prepare_rope(case, seed, check_limit)
     x = random_normal(case.shape, case.dtype, seed)
     data = CaseData(case, x, tol=_cases.tolerance(case, reference.TOLERANCE))
     if case.op in _cases.NORM_EPS:
@@ -98,15 +109,53 @@ def prepare(case, *, seed=0, check_limit=_cases.CHECK_LIMIT):
         data.weight = (1.0 + 0.1 * random_normal((n,), "float32", seed + 1)).astype(x.dtype)
         if case.op == "layer_norm":
             data.bias = (0.1 * random_normal((n,), "float32", seed + 2)).astype(x.dtype)
+    if case.op == "add_rms_norm":
+        data.residual = random_normal(case.shape, case.dtype, seed + 3)
     rows = _cases.sample_rows(case, check_limit)
     if rows is not None:
         data.rows = cupy.asarray(rows)
     x_host = host_rows(data, x)
     w_host = None if data.weight is None else data.weight.get()
     b_host = None if data.bias is None else data.bias.get()
-    data.ref = reference_output(case, x_host, w_host, b_host)
+    if case.op == "add_rms_norm":
+        data.ref = reference.add_rms_norm(x_host, host_rows(data, data.residual), w_host,
+                                          _cases.NORM_EPS["add_rms_norm"])
+    else:
+        data.ref = reference_output(case, x_host, w_host, b_host)
     if rows is not None:
-        data.ref = data.ref.reshape(len(rows), -1)
+        data.ref = (tuple(r.reshape(len(rows), -1) for r in data.ref) if isinstance(data.ref, tuple)
+                    else data.ref.reshape(len(rows), -1))
+    return data
+
+
+# rope's positions: drawn from [0, ROPE_MAX_POS), the rows of the torch baseline's cache
+ROPE_MAX_POS = 32768
+ROPE_BASE = 10000.0
+
+
+def _prepare_rope(case, seed, check_limit):
+    """q [T, Hq, D], k [T, Hkv, D] N(0, 1), int64 positions uniform in [0, ROPE_MAX_POS),
+    neox style over all of D, cos/sin from base (cupyops' default path); the torch baseline
+    gets vLLM's cos_sin_cache of those angles in the case's dtype (made here, untimed)."""
+    import cupy
+
+    from .. import reference
+
+    T, Hq, Hkv, D = case.shape
+    q = random_normal((T, Hq, D), case.dtype, seed)
+    k = random_normal((T, Hkv, D), case.dtype, seed + 1)
+    positions = cupy.random.RandomState(seed + 2).randint(0, ROPE_MAX_POS, size=T, dtype=cupy.int64)
+    data = CaseData(case, q, k=k, positions=positions, tol=_cases.tolerance(case, reference.TOLERANCE))
+    cos, sin = reference.rope_cos_sin(np.arange(ROPE_MAX_POS), D, ROPE_BASE)
+    data.cos_sin_cache = cupy.asarray(np.concatenate([cos, sin], axis=1).astype(q.dtype))
+    rows = _cases.sample_rows(case, check_limit)
+    if rows is not None:
+        data.rows = cupy.asarray(rows)
+    q_host = host_rows(data, q).reshape(-1, Hq, D)
+    k_host = host_rows(data, k).reshape(-1, Hkv, D)
+    pos_host = positions.get() if rows is None else positions[data.rows].get()
+    ref_q, ref_k = reference.rope(q_host, k_host, pos_host, D, ROPE_BASE)
+    data.ref = (ref_q.reshape(len(pos_host), -1), ref_k.reshape(len(pos_host), -1))
     return data
 
 
@@ -265,6 +314,10 @@ def reference_output(case, x, weight=None, bias=None):
         return reference.layer_norm(x, weight, bias, _cases.NORM_EPS["layer_norm"])[0]
     if case.op == "rms_norm":
         return reference.rms_norm(x, weight, _cases.NORM_EPS["rms_norm"])
+    if case.op == "silu_and_mul":
+        return reference.silu_and_mul(x)
+    if case.op == "gelu_and_mul":
+        return reference.gelu_and_mul(x, _cases.GELU_APPROXIMATE)
     raise ValueError(f"unknown op {case.op!r}")
 
 
@@ -287,11 +340,18 @@ def as_cupy(y):
 
 
 def check(data, y):
-    """rel_error of the output ``y`` against the reference (on the checked rows)."""
+    """rel_error of the output ``y`` against the reference (on the checked rows); for an
+    operator with several results (a tuple ``y``), the largest of theirs."""
     from .. import reference
 
     if data.case.op == "attention":
         return reference.rel_error(attention_output_sample(data, y), data.ref)
+    if isinstance(data.ref, tuple):
+        if not isinstance(y, (tuple, list)) or len(y) != len(data.ref):
+            raise ValueError(f"expected {len(data.ref)} results, got {type(y).__name__}")
+        # (rope's results are [tokens, heads, D], its references [tokens checked, heads * D])
+        return max(reference.rel_error(host_rows(data, as_cupy(r)).reshape(ref.shape), ref)
+                   for r, ref in zip(y, data.ref))
     return reference.rel_error(host_rows(data, as_cupy(y)), data.ref)
 
 
@@ -368,6 +428,17 @@ def cupyops_call(data, impl):
         k, v, causal, align = data.k, data.v, c.causal, c.causal_align
         return lambda out=None: cupyops.attention(x, k, v, causal=causal, causal_align=align,
                                                   out=out, impl=impl)
+    if c.op == "silu_and_mul":
+        return lambda out=None: cupyops.silu_and_mul(x, out=out, impl=impl)
+    if c.op == "gelu_and_mul":
+        approx = _cases.GELU_APPROXIMATE
+        return lambda out=None: cupyops.gelu_and_mul(x, approx, out=out, impl=impl)
+    if c.op == "add_rms_norm":  # out: a pair (normed, sum)
+        r, eps = data.residual, _cases.NORM_EPS["add_rms_norm"]
+        return lambda out=None: cupyops.add_rms_norm(x, r, w, eps, out=out, impl=impl)
+    if c.op == "rope":  # out: a pair (q, k)
+        k, pos = data.k, data.positions
+        return lambda out=None: cupyops.rope(x, k, pos, base=ROPE_BASE, out=out, impl=impl)
     raise ValueError(f"unknown op {c.op!r}")
 
 
@@ -432,6 +503,8 @@ def baseline_call(data, name, torch=None):
         if c.op == "rms_norm":
             eps = _cases.NORM_EPS["rms_norm"]
             return lambda: F.rms_norm(x, (n,), w, eps)
+        if c.op in _cases.FUSED_OPS:
+            return torch_composition(data, torch)
         if c.op == "scaled_matmul":  # e4m3 x e4m3 -> bfloat16, per-tensor scales, b column-major
             a8, b8 = x.view(torch.float8_e4m3fn), w.view(torch.float8_e4m3fn)
             sa, sb = t["scales"]
@@ -452,18 +525,22 @@ def baseline_call(data, name, torch=None):
 
 def validate_cupyops(data, call):
     """Steps 1-3 of the module docstring. Returns (rel_error, failure message or None)."""
-    y = as_cupy(call())
+    y = call()
+    y = tuple(as_cupy(r) for r in y) if isinstance(y, tuple) else as_cupy(y)
     err = check(data, y)
     if data.case.op == "trace":  # scalar result, no out=
         return err, (None if err <= data.tol else f"rel_error {err:.3g} > tol {data.tol:g}")
-    out = poisoned_like(y)
+    out = tuple(poisoned_like(r) for r in y) if isinstance(y, tuple) else poisoned_like(y)
     del y  # its memory goes back to the pool before the out= call
     got = call(out=out)
-    if got is None or as_cupy(got).data.ptr != out.data.ptr:
+    outs, gots = (out, got) if isinstance(out, tuple) else ((out,), (got,))
+    if not isinstance(gots, (tuple, list)) or len(gots) != len(outs) or any(
+            g is None or as_cupy(g).data.ptr != o.data.ptr for g, o in zip(gots, outs)):
         return err, "out=: the call did not return the out array"
-    bad = count_poison(out)
+    bad = sum(count_poison(o) for o in outs)
     if bad:
-        return err, f"out=: {bad} of {out.size} output elements left unwritten (NaN poison)"
+        return err, (f"out=: {bad} of {sum(o.size for o in outs)} output elements left unwritten "
+                     f"(NaN poison)")
     err = max(err, check(data, out))
     if not err <= data.tol:  # also catches NaN
         return err, f"rel_error {err:.3g} > tol {data.tol:g}"
@@ -555,3 +632,56 @@ def sdpa_call(data, name, torch):
         return BaselineCall(fn, note, context)
     raise RuntimeError(f"SDPA {backend.name} refused the case in every form tried: "
                        f"{refusals[0]}")
+
+
+# ----------------------------------------------------------------------------------
+# the fused operators' baselines: the PyTorch eager compositions they replace
+# ----------------------------------------------------------------------------------
+def torch_composition(data, torch):
+    """The PyTorch eager code a fused operator replaces, on the case's tensors:
+    silu_and_mul F.silu(a) * b; gelu_and_mul F.gelu(a, approximate=...) * b; add_rms_norm
+    r = x + residual, then F.rms_norm(r) (returns both); rope vLLM's forward_native (the
+    cache rows at the positions, each half of the rotated dims turned, q and k)."""
+    F = torch.nn.functional
+    c = data.case
+    t = data.torch_args(torch)
+    x = t["x"]
+    if c.op in ("silu_and_mul", "gelu_and_mul"):
+        d = x.shape[-1] // 2
+        if c.op == "silu_and_mul":
+            return lambda: F.silu(x[..., :d]) * x[..., d:]
+        approx = _cases.GELU_APPROXIMATE
+        return lambda: F.gelu(x[..., :d], approximate=approx) * x[..., d:]
+    if c.op == "add_rms_norm":
+        res, w, n, eps = t["residual"], t["weight"], c.cols, _cases.NORM_EPS["add_rms_norm"]
+
+        def add_rms_norm():
+            r = x + res
+            return F.rms_norm(r, (n,), w, eps), r
+
+        return add_rms_norm
+    if c.op == "rope":
+        k, positions, cache = t["k"], t["positions"], t["cos_sin_cache"]
+        return lambda: torch_rope(torch, x, k, positions, cache)
+    raise ValueError(f"no PyTorch composition for {c.op!r}")
+
+
+def torch_rope(torch, q, k, positions, cos_sin_cache, style="neox"):
+    """Rotary embedding written in PyTorch (vLLM's RotaryEmbedding.forward_native): cos and
+    sin gathered from the cache rows at the positions, the rotary dims (the cache's width)
+    turned, the rest passed through; q, k [tokens, heads, head_dim]."""
+    R = cos_sin_cache.shape[-1]
+    cos, sin = cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [tokens, 1, R / 2]
+
+    def turn(x):
+        rot, rest = x[..., :R], x[..., R:]
+        if style == "neox":
+            a, b = rot.chunk(2, dim=-1)
+            out = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+        else:
+            a, b = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1).flatten(-2)
+        return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+
+    return turn(q), turn(k)
