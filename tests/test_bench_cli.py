@@ -1488,3 +1488,15 @@ def test_fused_op_shape_options():
         cases.expand_cases(("rope",), "quick", shapes=((64, 8),))
     with pytest.raises(ValueError, match="--shape: gelu_and_mul takes x \\[..., 2d\\], an even last"):
         cases.expand_cases(("gelu_and_mul",), "quick", shapes=((64, 7),))
+
+
+def test_host_time_side_by_side_interleaves_the_rounds(monkeypatch):
+    from cupyops.bench import timing
+
+    monkeypatch.setattr(timing, "_sync", lambda: None)
+    seen = []
+    fns = {"a": lambda: seen.append("a"), "b": lambda: seen.append("b")}
+    out = timing.host_overhead_side_by_side_us(fns, calls=6, warmup=1, rounds=3)
+    assert sorted(out) == ["a", "b"] and all(v > 0 for v in out.values())
+    # one warm-up call each, then rounds of 2 calls: a a b b, three times
+    assert "".join(seen) == "ab" + "aabb" * 3

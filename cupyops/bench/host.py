@@ -8,8 +8,9 @@ no host work runs between them: what a decode loop captured once costs a call.
 
 The sizes are one decode step of a Llama-3-8B-like layer: 8 sequences of one token,
 hidden 4096, bfloat16; attention over a 2048-token KV cache with 32 query and 8 KV heads
-of 128. Each eager figure is timing.host_overhead_us: the median of 5 rounds of
-back-to-back calls, the final synchronisation outside the clock; each graph figure is
+of 128. The eager figures of an operator are timing.host_overhead_side_by_side_us: the
+median of 9 rounds of back-to-back calls, the three callables' rounds interleaved (the
+host's speed drifts), the final synchronisation outside the clock; each graph figure is
 graph_replay_us.
 """
 GRAPH_CALLS, GRAPH_REPLAYS = 20, 50
@@ -119,15 +120,27 @@ def per_op_us(calls, torch=None, log=print, ops=OPS):
     for op, (label, ours, theirs) in decode_ops(torch).items():
         if op not in ops:
             continue
-        fns = {"cupyops": lambda: timing.host_overhead_us(lambda: ours(arrays), calls=calls)}
+        eager = {"cupyops": lambda: ours(arrays)}
         if torch is not None:
-            fns["cupyops_torch_in"] = lambda: timing.host_overhead_us(lambda: ours(tensors), calls=calls)
-            fns["torch"] = lambda: timing.host_overhead_us(lambda: theirs(tensors), calls=calls)
-        fns["cupyops_graph"] = lambda: graph_replay_us(lambda: ours(arrays))
+            eager["cupyops_torch_in"] = lambda: ours(tensors)
+            eager["torch"] = lambda: theirs(tensors)
+        graphs = {"cupyops_graph": lambda: graph_replay_us(lambda: ours(arrays))}
         if torch is not None:
-            fns["torch_graph"] = lambda: graph_replay_us(lambda: theirs(tensors), torch=torch)
+            graphs["torch_graph"] = lambda: graph_replay_us(lambda: theirs(tensors), torch=torch)
         row = {"shape": label}
-        for who, measure in fns.items():
+        for who, fn in list(eager.items()):  # each callable once on its own: a failing one is left out
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - one failing figure, not a failed run
+                row[who] = None
+                del eager[who]
+                log(f"  host time {op} {who}: failed ({type(exc).__name__}: {exc})")
+        try:
+            row.update(timing.host_overhead_side_by_side_us(eager, calls=calls))
+        except Exception as exc:  # noqa: BLE001
+            row.update({who: None for who in eager})
+            log(f"  host time {op}: failed ({type(exc).__name__}: {exc})")
+        for who, measure in graphs.items():
             try:
                 row[who] = measure()
             except Exception as exc:  # noqa: BLE001 - one failing figure, not a failed run

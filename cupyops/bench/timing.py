@@ -194,6 +194,37 @@ def host_overhead_us(fn, *, calls=2000, warmup=50, rounds=5):
     return statistics.median(samples)
 
 
+def host_overhead_side_by_side_us(fns, *, calls=2000, warmup=50, rounds=9):
+    """``host_overhead_us`` of several callables (name -> no-argument callable) measured
+    side by side: their rounds interleave (a round of each, then the next round of each),
+    so that a drift of the host's speed during the measure, which moved one callable's
+    figure by 30-70 % between runs a minute apart (NOTES item 76), falls on all of them
+    alike. {name: the median over its rounds}."""
+    import gc
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    per_round = max(1, calls // rounds)
+    samples = {name: [] for name in fns}
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                _sync()
+                t0 = time.perf_counter()
+                for _ in range(per_round):
+                    fn()
+                t1 = time.perf_counter()
+                samples[name].append((t1 - t0) / per_round * 1e6)
+        _sync()
+    finally:
+        if enabled:
+            gc.enable()
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def time_then_profile(calls, *, flush, repeats=50):
     """For the Nsight Compute scripts (benchmarks/*_profile.py): warm up every call in
     ``calls`` (name -> no-argument callable), time each twice and keep the second round (the
