@@ -1438,7 +1438,8 @@ def test_header_reports_host_time_per_operator():
     assert ("host time per call, rms_norm 8x4096: cupyops 11.0 us, with torch tensors 19.5 us **over**, "
             "torch 16.0 us") in text
     assert "matmul 8x4096 @ (4096x4096).T: cupyops -, with torch tensors 20.0 us, torch -" in text
-    assert set(host.OPS) == {"softmax", "rms_norm", "layer_norm", "sum", "matmul", "attention"}
+    assert set(host.OPS) == {"softmax", "rms_norm", "layer_norm", "sum", "matmul", "attention", "add_rms_norm",
+                             "silu_and_mul"}
     assert set(host.decode_ops(None)) == set(host.OPS) and all(t is None for _, _, t in host.decode_ops(None).values())
 
 

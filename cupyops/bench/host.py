@@ -2,7 +2,7 @@
 loop's speed when each operator's GPU work is a few microseconds: cupyops on CuPy arrays,
 cupyops on torch tensors (the same memory), and PyTorch's eager equivalent on the same
 host (F.rms_norm, F.layer_norm, torch.softmax, torch.sum, torch.matmul,
-scaled_dot_product_attention); and the time per call of the same calls replayed from a
+scaled_dot_product_attention, x + residual then F.rms_norm, F.silu(a) * b); and the time per call of the same calls replayed from a
 CUDA graph (cupyops captured by CuPy's stream capture, torch's by torch.cuda.graph), where
 no host work runs between them: what a decode loop captured once costs a call.
 
@@ -15,7 +15,7 @@ graph_replay_us.
 """
 GRAPH_CALLS, GRAPH_REPLAYS = 20, 50
 TOKENS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, CACHE = 8, 4096, 32, 8, 128, 2048
-OPS = ("softmax", "rms_norm", "layer_norm", "sum", "matmul", "attention")
+OPS = ("softmax", "rms_norm", "layer_norm", "sum", "matmul", "attention", "add_rms_norm", "silu_and_mul")
 
 
 def _operands(cp, bf16):
@@ -24,7 +24,8 @@ def _operands(cp, bf16):
     def make(shape):
         return rs.standard_normal(shape, dtype=cp.float32).astype(bf16)
 
-    return {"x": make((TOKENS, HIDDEN)), "w": make((HIDDEN,)), "b": make((HIDDEN,)),
+    return {"x": make((TOKENS, HIDDEN)), "w": make((HIDDEN,)), "b": make((HIDDEN,)), "r": make((TOKENS, HIDDEN)),
+            "gu": make((TOKENS, 2 * HIDDEN)),
             "W": make((HIDDEN, HIDDEN)), "q": make((TOKENS, 1, HEADS, HEAD_DIM)),
             "k": make((TOKENS, CACHE, KV_HEADS, HEAD_DIM)), "v": make((TOKENS, CACHE, KV_HEADS, HEAD_DIM))}
 
@@ -50,8 +51,17 @@ def decode_ops(torch=None):
                       lambda a: cupyops.attention(a["q"], a["k"], a["v"]),
                       lambda t: F.scaled_dot_product_attention(
                           t["q"].transpose(1, 2), t["k"].transpose(1, 2), t["v"].transpose(1, 2), enable_gqa=True)),
+        "add_rms_norm": (f"{TOKENS}x{HIDDEN}", lambda a: cupyops.add_rms_norm(a["x"], a["r"], a["w"]),
+                         lambda t: _add_rms_norm_torch(F, t)),
+        "silu_and_mul": (f"{TOKENS}x{2 * HIDDEN}", lambda a: cupyops.silu_and_mul(a["gu"]),
+                         lambda t: F.silu(t["gu"][:, :HIDDEN]) * t["gu"][:, HIDDEN:]),
     }
     return {op: (label, ours, theirs if torch is not None else None) for op, (label, ours, theirs) in ops.items()}
+
+
+def _add_rms_norm_torch(F, t):
+    s = t["x"] + t["r"]
+    return F.rms_norm(s, (HIDDEN,), t["w"]), s
 
 
 def graph_replay_us(fn, calls=GRAPH_CALLS, replays=GRAPH_REPLAYS, torch=None):
