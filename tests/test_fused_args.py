@@ -175,6 +175,26 @@ def test_rope_model_dtype_cache_and_in_place_rules():
     assert np.all(poison[0] == -7.0) and np.all(poison[1] == -7.0)
 
 
+def test_rope_in_place_needs_arrays_and_a_float_base():
+    # in place, a list (here of float32 token rows) would be rotated in a new array and the
+    # caller's left as it was
+    with pytest.raises(TypeError, match="^q: inplace=True needs an array to write into, got list"):
+        cupyops.rope(list(Q.copy()), K.copy(), POS, inplace=True)
+    with pytest.raises(TypeError, match="^k: inplace=True needs an array to write into, got list"):
+        cupyops.rope(Q.copy(), list(K.copy()), POS, inplace=True)
+    with pytest.raises(ValueError, match="^base: must be a finite number > 0, got an integer too large"):
+        call_rope(base=10**400)
+
+
+def test_rope_out_pair_of_none_returns_new_arrays(monkeypatch):
+    # out=(None, None) is out=None: the results, not the Nones (the kernels stood in for)
+    packed = np.arange(Q.size + K.size, dtype=np.float32)
+    monkeypatch.setattr(rope, "_rope", lambda *args: packed)
+    got_q, got_k = cupyops.rope(Q, K, POS, out=(None, None))
+    np.testing.assert_array_equal(got_q, packed[:Q.size].reshape(Q.shape))
+    np.testing.assert_array_equal(got_k, packed[Q.size:].reshape(K.shape))
+
+
 @pytest.mark.parametrize("heads,D,R,gptj,inplace,unit", [(40, 128, 128, False, False, 8), (40, 128, 128, True, True, 8),
                                                          (1, 2, 2, False, False, 1), (9, 80, 40, False, False, 4),
                                                          (3, 34, 16, True, False, 1), (64, 256, 256, False, True, 8),

@@ -123,6 +123,17 @@ def impls(op):
     return [*cupyops.variants(op), "auto"]
 
 
+def refuse_checked(m, fast):
+    """Within monkeypatch context ``m``, every call through ``fast`` (a ``_fast.FastCalls``)
+    must find its signature remembered: the checked path raises, so a test of the fast
+    path cannot pass on the checked path's results."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the checked path ran: the call's signature was not remembered")
+
+    m.setattr(fast, "checked", refuse)
+
+
 # ============================================================================ *_and_mul
 AND_MUL = [pytest.param(op, impl, d, approx, id=f"{op}-{impl}-{d}" + (f"-{approx}" if op == "gelu_and_mul" else ""))
            for op in ("silu_and_mul", "gelu_and_mul") for impl in impls(op) for d in DTYPES
@@ -178,7 +189,7 @@ def test_and_mul_extremes_and_empty(op):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_and_mul_fast_path_repeats_and_rechecks_layout(dtype):
+def test_and_mul_fast_path_repeats_and_rechecks_layout(dtype, monkeypatch):
     cp = _cp()
     rng = np.random.default_rng()
     values = rand(rng, (4, 2 * 1024), dtype)
@@ -187,13 +198,15 @@ def test_and_mul_fast_path_repeats_and_rechecks_layout(dtype):
                      ("gelu_and_mul", activation_op._FAST["gelu_and_mul"])):
         first = and_mul(op, x, "tanh")
         assert any(k[0][0][0] == (4, 2048) for k in fast.cupy), f"{op}: nothing remembered"
-        second = and_mul(op, x, "tanh")  # the fast path: same bits, a fresh output
+        other = rand(rng, (4, 2 * 1024), dtype)
+        with monkeypatch.context() as m:
+            refuse_checked(m, fast)
+            second = and_mul(op, x, "tanh")  # the fast path: same bits, a fresh output
+            offset = and_mul(op, place(other, "offset"), "tanh")  # same key, misaligned start
         assert second.data.ptr != first.data.ptr
         same_bits(first, second, op)
         assert_close(second, and_mul_ref(op, values, "tanh"), dtype, op)
-        other = rand(rng, (4, 2 * 1024), dtype)
-        assert_close(and_mul(op, place(other, "offset"), "tanh"), and_mul_ref(op, other, "tanh"), dtype,
-                     f"{op} offset")
+        assert_close(offset, and_mul_ref(op, other, "tanh"), dtype, f"{op} offset")
 
 
 # ============================================================================ add_rms_norm
@@ -247,7 +260,7 @@ def test_add_rms_norm_matches_reference(impl, dtype, rows, lead, n, mode, weight
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_add_rms_norm_fast_path_and_in_place_repeats(dtype):
+def test_add_rms_norm_fast_path_and_in_place_repeats(dtype, monkeypatch):
     # decode-sized calls: the second call of a signature takes the memoized fast path (same
     # bits as the checked call, a fresh packed output); in place, each repeated call turns
     # the arrays' current values (a residual stream updated layer after layer)
@@ -258,19 +271,27 @@ def test_add_rms_norm_fast_path_and_in_place_repeats(dtype):
     x, r, wd = cp.asarray(values), cp.asarray(res), cp.asarray(w)
     first = cupyops.add_rms_norm(x, r, wd)
     assert fast.cupy, "nothing remembered"
-    second = cupyops.add_rms_norm(x, r, wd)
+    with monkeypatch.context() as m:
+        refuse_checked(m, fast)
+        second = cupyops.add_rms_norm(x, r, wd)
     assert second[0].data.ptr != first[0].data.ptr
     for a, b in zip(first, second):
         same_bits(a, b, "fast path")
     check_add_norm(*second, *add_norm_refs(values, res, w, 1e-6), dtype, "fast path")
     xi, ri = cp.asarray(values), cp.asarray(res)
-    for step in range(3):
+    for step in range(3):  # the first call checked, the others fast
         before_x, before_r = xi.get(), ri.get()
-        got = cupyops.add_rms_norm(xi, ri, wd, inplace=True)
+        with monkeypatch.context() as m:
+            if step:
+                refuse_checked(m, fast)
+            got = cupyops.add_rms_norm(xi, ri, wd, inplace=True)
         assert got[0] is xi and got[1] is ri
         check_add_norm(xi, ri, *add_norm_refs(before_x, before_r, w, 1e-6), dtype, f"in place, call {step}")
     other = rand(rng, (4, 4096), dtype)
-    normed, s = cupyops.add_rms_norm(place(other, "offset"), r, wd)  # same layout, misaligned start
+    xo = place(other, "offset")
+    with monkeypatch.context() as m:
+        refuse_checked(m, fast)
+        normed, s = cupyops.add_rms_norm(xo, r, wd)  # same layout, misaligned start
     check_add_norm(normed, s, *add_norm_refs(other, res, w, 1e-6), dtype, "offset x")
 
 
@@ -401,7 +422,45 @@ def test_rope_large_positions_and_bases():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_fast_path_repeats_and_rechecks_layout(dtype):
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+@pytest.mark.parametrize("R", [256, 128])
+def test_rope_fused_many_heads_go_round_again(dtype, style, R):
+    # more 16-byte work items a token than one batch of the fused block's loads
+    # (FUSED_SLOTS x FUSED_MAX_THREADS): the later batches (rotations and passed-through
+    # vectors) use the cos/sin table the first batch made
+    cp = _cp()
+    rng = np.random.default_rng()
+    T, Hq, Hkv, D = 3, 64, 8, 256
+    vec = 16 // dt(dtype).itemsize
+    items = (Hq + Hkv) * ((R if style == "gptj" else R // 2) // vec + (D - R) // vec)
+    assert items > rope_op.FUSED_SLOTS * rope_op.FUSED_MAX_THREADS
+    qv, kv = rand(rng, (T, Hq, D), dtype), rand(rng, (T, Hkv, D), dtype)
+    pos = rng.integers(0, 4096, size=T)
+    ref_q, ref_k = reference.rope(qv, kv, pos, R, style=style)
+    q, k, p = cp.asarray(qv), cp.asarray(kv), cp.asarray(pos)
+    what = f"rope[fused] {dtype} {style} R={R}"
+    got = cupyops.rope(q, k, p, rotary_dim=R, style=style, impl="fused")
+    assert_close(got[0], ref_q, dtype, what + " q")
+    assert_close(got[1], ref_k, dtype, what + " k")
+    cupyops.rope(q, k, p, rotary_dim=R, style=style, impl="fused", inplace=True)
+    assert_close(q, ref_q, dtype, what + " in place q")
+    assert_close(k, ref_k, dtype, what + " in place k")
+
+
+def test_rope_in_place_refuses_strides_it_would_copy():
+    # token strides that are not whole elements: the kernels could rotate only a copy, so in
+    # place is refused before anything runs (rather than the caller's array left as it was)
+    cp = _cp()
+    T, H, D = 4, 2, 16
+    buf = cp.zeros(T * (H * D * 4 + 2), cp.uint8)
+    q = cp.ndarray((T, H, D), cp.float32, buf.data, strides=(H * D * 4 + 2, D * 4, 4))
+    k = cp.zeros((T, 1, D), cp.float32)
+    with pytest.raises(ValueError, match="^q: its last axis must be unit-stride and its strides whole elements"):
+        cupyops.rope(q, k, cp.arange(T), inplace=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_fast_path_repeats_and_rechecks_layout(dtype, monkeypatch):
     cp = _cp()
     rng = np.random.default_rng()
     qv, kv = rand(rng, (8, 32, 128), dtype), rand(rng, (8, 8, 128), dtype)
@@ -409,19 +468,25 @@ def test_rope_fast_path_repeats_and_rechecks_layout(dtype):
     q, k, p = cp.asarray(qv), cp.asarray(kv), cp.asarray(pos)
     first = cupyops.rope(q, k, p)
     assert rope_op._FAST.cupy, "nothing remembered"
-    second = cupyops.rope(q, k, p)
+    qo = place(qv, "offset")
+    with monkeypatch.context() as m:
+        refuse_checked(m, rope_op._FAST)
+        second = cupyops.rope(q, k, p)
+        got = cupyops.rope(qo, k, p)  # same layout, misaligned start
     assert second[0].data.ptr != first[0].data.ptr
     ref = reference.rope(qv, kv, pos)
     for a, b, r in zip(first, second, ref):
         same_bits(a, b, "fast path")
         assert_close(b, r, dtype, "fast path")
-    got = cupyops.rope(place(qv, "offset"), k, p)  # same layout, misaligned start
     for g, r in zip(got, ref):
         assert_close(g, r, dtype, "offset q")
     qi, ki = cp.asarray(qv), cp.asarray(kv)
-    for step in range(2):  # in place, repeated: each call turns the current values
+    for step in range(2):  # in place, repeated: each call turns the current values (checked, then fast)
         before = qi.get(), ki.get()
-        cupyops.rope(qi, ki, p, inplace=True)
+        with monkeypatch.context() as m:
+            if step:
+                refuse_checked(m, rope_op._FAST)
+            cupyops.rope(qi, ki, p, inplace=True)
         for g, r in zip((qi, ki), reference.rope(*before, pos)):
             assert_close(g, r, dtype, f"in place, call {step}")
 

@@ -5,6 +5,7 @@ import numpy as np
 from .._interop import foreign_arrays
 from .. import _arrays, _dtypes, _fast, _launch
 from .._kernels import KernelFile, template_name
+from . import _rows
 
 _NAIVE = ("block per row, threads striding over it one element at a time (vLLM's original "
           "kernel): one pass, 2- or 4-byte accesses")
@@ -112,7 +113,7 @@ def _launches(op, impl, dt, tanh, xd, y, rows, d):
     ``[(fn, grid, block, smem, args)]`` (the aligned one the unaligned where d is not a
     multiple of the vector width)."""
     naive, vector = _plans(op, impl, dt, tanh, rows, d)
-    base = (xd, y, *_shape_args(rows, d))
+    base = (xd, y, *_rows.shape_args(rows, d))
     if naive is not None:
         fn, grid, block = naive
         return ([(fn, grid, block, 0, base)],) * 2
@@ -120,11 +121,6 @@ def _launches(op, impl, dt, tanh, xd, y, rows, d):
 
 
 _plans_memo = {}
-_shape_memo = {}
-
-
-def _shape_args(rows, d):
-    return _launch.memo(_shape_memo, (rows, d), lambda: (np.int64(rows), np.int32(d)))
 
 
 def _plans(op, impl, dt, tanh, rows, d):

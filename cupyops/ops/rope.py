@@ -88,7 +88,7 @@ def rope(q, k, positions, *, rotary_dim=None, base=10000.0, style="neox", cos_si
     packed = _rope(q, k, positions, cos_sin_cache, rotary_dim, base, style, inplace, impl, out0, out1)
     if inplace:
         return q, k
-    if out is not None:
+    if out0 is not None:  # (out=(None, None) asks for new arrays, as out=None)
         return out0, out1
     # q's rows then k's, C-contiguous, in the caller's array type (views: no copy)
     q_shape, k_shape = np.shape(q), np.shape(k)
@@ -97,6 +97,7 @@ def rope(q, k, positions, *, rotary_dim=None, base=10000.0, style="neox", cos_si
 
 
 def _check(q, k, positions, cache, rotary_dim, base, style, inplace, impl, out0, out1):
+    given = (q, k)  # what the caller passed: in place, the arrays written must be these
     q = _arrays.as_input(q, "q")
     dt = _arrays.check_dtype(q, "q", _dtypes.FLOAT_TYPES)
     _arrays.check_ndim(q, "q", ndim=3)
@@ -123,7 +124,10 @@ def _check(q, k, positions, cache, rotary_dim, base, style, inplace, impl, out0,
         raise ValueError(f"rotary_dim: must be even and in [2, head_size={D}], got {R}")
     if isinstance(base, bool) or not isinstance(base, numbers.Real):
         raise TypeError(f"base: expected a number, got {type(base).__name__}")
-    base = float(base)
+    try:
+        base = float(base)
+    except OverflowError:  # an int past float's range
+        raise ValueError("base: must be a finite number > 0, got an integer too large for a float") from None
     if not (base > 0 and np.isfinite(base)):
         raise ValueError(f"base: must be a finite number > 0, got {base}")
     if type(style) is not str:
@@ -153,9 +157,14 @@ def _check(q, k, positions, cache, rotary_dim, base, style, inplace, impl, out0,
         _arrays.check_no_overlap("out[0]", out0, inputs)
         _arrays.check_no_overlap("out[1]", out1, inputs + [("out[0]", out0)])
     if inplace:
-        for name, a in (("q", q), ("k", k)):
-            if _arrays.is_cupy(a) and a.size and a.strides[-1] != a.itemsize:
-                raise ValueError(f"{name}: its last axis must be unit-stride for inplace=True")
+        for name, a, g in (("q", q, given[0]), ("k", k, given[1])):
+            if a is not g:  # (a list made into a new array: the results would go nowhere)
+                raise TypeError(f"{name}: inplace=True needs an array to write into, got {type(g).__name__}")
+            # (the kernels then write the caller's memory itself: _rows_view copies no other)
+            if _arrays.is_cupy(a) and a.size and (a.strides[-1] != a.itemsize
+                                                  or any(s % a.itemsize for s in a.strides)):
+                raise ValueError(f"{name}: its last axis must be unit-stride and its strides whole elements "
+                                 "for inplace=True")
             if not _arrays.is_cupy(a) and not a.flags.writeable:
                 raise ValueError(f"{name}: must be writeable for inplace=True")
         _arrays.check_no_overlap("k", k, [("q", q)])
