@@ -45,8 +45,9 @@ template <int ACT, typename T>
 __device__ __forceinline__ float activation(float a) {
     if constexpr (ACT == SILU) {
         // __fdividef (2 ulp): the IEEE division's slow-path sequence made the bf16 vector
-        // rung spill at 64 registers (ptxas, sm_90). For a < -87, exp(-a) overflows and the
-        // quotient is -0, PyTorch's limit.
+        // rung spill at 64 registers (ptxas, sm_90). For a < -87.3 the divisor passes 2^126,
+        // where __fdividef gives 0 (and expf overflows below -88.7): the quotient is -0, the
+        // limit, where the exact value is below 1e-35 in magnitude.
         return __fdividef(a, 1.f + expf(-a));
     } else if constexpr (ACT == GELU_ERF) {
         // 1 + erf(a / sqrt 2) as erfc(-a / sqrt 2): the sum cancels for a << 0 (a = -8
