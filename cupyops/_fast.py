@@ -138,6 +138,40 @@ def torch_sig(a):
     raise Unfit
 
 
+def _span(a):
+    """(lowest, one past the highest) byte address of a CuPy array's or torch tensor's
+    elements."""
+    if type(a) is CUPY_ARRAY:
+        ptr, item, strides = a.data.ptr, a.itemsize, a.strides
+    elif type(a) in TORCH_TENSORS:
+        ptr, item = a.data_ptr(), a.element_size()
+        strides = [s * item for s in a.stride()]
+    else:
+        raise Unfit
+    lo = hi = ptr
+    for n, s in zip(a.shape, strides):
+        if n == 0:
+            return ptr, ptr
+        if s > 0:
+            hi += (n - 1) * s
+        else:
+            lo += (n - 1) * s
+    return lo, hi + item
+
+
+def placement(a, b):
+    """Where array ``b`` lies against ``a``, for the key of an in-place call that writes
+    both (they must not share an element): "apart" where their byte ranges do not meet,
+    else b's address minus a's. With the layouts in the key that fixes whether they share
+    an element, which the checked call that filed the key has settled (vLLM's q and k, head
+    slices of one qkv buffer, interleave without sharing one)."""
+    lo_a, hi_a = _span(a)
+    lo_b, hi_b = _span(b)
+    if hi_a <= lo_b or hi_b <= lo_a:
+        return "apart"
+    return (b.data.ptr - a.data.ptr) if type(a) is CUPY_ARRAY else (b.data_ptr() - a.data_ptr())
+
+
 class Work:
     """Stands for piece ``index`` of a launch list's workspace in a kernel's arguments."""
 

@@ -73,6 +73,9 @@ class FakeTensor:
     def get_device(self):
         return self._device
 
+    def element_size(self):
+        return np.dtype(self.dtype).itemsize
+
     def data_ptr(self):
         return self._ptr
 
@@ -427,3 +430,22 @@ def test_a_kept_array_reshaped_or_watched_is_not_reused(fake):
     del second
     third = fc.cupy((x,))
     assert third.shape == (8, 32)
+
+
+def test_placement_tells_apart_interleaved_and_shared_memory(fake):
+    # the key part of in-place calls that write two arrays (rope's q and k, add_rms_norm's
+    # x and residual): "apart" for disjoint byte ranges, else the address difference
+    buf = FakeArray((6, 3 * 64), np.float32, ptr=0x10000)
+    q = FakeArray((6, 2, 32), np.float32, buf.data, strides=(3 * 64 * 4, 32 * 4, 4))  # head slices
+    k = FakeArray((6, 1, 32), np.float32, FakeMemoryPointer(0x10000 + 64 * 4, buf.data.mem), strides=(3 * 64 * 4, 32 * 4, 4))
+    assert _fast.placement(q, k) == 64 * 4  # interleaved rows of one buffer: where exactly
+    other = FakeArray((6, 1, 32), np.float32, ptr=0x90000)
+    assert _fast.placement(q, other) == "apart" and _fast.placement(other, q) == "apart"
+    assert _fast.placement(q, q) == 0
+    t1 = FakeTensor((4, 8), np.dtype(np.float32), 0x20000)
+    t2 = FakeTensor((4, 8), np.dtype(np.float32), 0x20000 + 4 * 8 * 4)  # right after
+    assert _fast.placement(t1, t2) == "apart"
+    t3 = FakeTensor((4, 8), np.dtype(np.float32), 0x20000 + 4)  # one element on
+    assert _fast.placement(t1, t3) == 4
+    with pytest.raises(_fast.Unfit):
+        _fast.placement(q, np.zeros(3))

@@ -491,6 +491,33 @@ def test_rope_fast_path_repeats_and_rechecks_layout(dtype, monkeypatch):
             assert_close(g, r, dtype, f"in place, call {step}")
 
 
+def test_in_place_calls_of_one_layout_with_shared_memory_are_refused_after_a_fast_one():
+    # an in-place call remembered for two separate arrays must not let a call of the same
+    # layouts whose two written arrays share memory past the checks (the key holds where
+    # they lie against each other)
+    cp = _cp()
+    rng = np.random.default_rng()
+    dtype = "bfloat16"
+    x, r, w = (cp.asarray(rand(rng, s, dtype)) for s in ((4, 4096), (4, 4096), (4096,)))
+    cupyops.add_rms_norm(x, r, w, inplace=True)
+    cupyops.add_rms_norm(x, r, w, inplace=True)  # fast
+    with pytest.raises(ValueError, match="overlap"):
+        cupyops.add_rms_norm(x, x, w, inplace=True)
+    q, k = cp.asarray(rand(rng, (8, 4, 128), dtype)), cp.asarray(rand(rng, (8, 4, 128), dtype))
+    p = cp.arange(8)
+    cupyops.rope(q, k, p, inplace=True)
+    cupyops.rope(q, k, p, inplace=True)  # fast
+    with pytest.raises(ValueError, match="overlap"):
+        cupyops.rope(q, q, p, inplace=True)
+    qkv = cp.asarray(rand(rng, (8, 3 * 4 * 128), dtype))  # head slices of one buffer: fine, and fast
+    qs, ks = qkv[:, :512].reshape(8, 4, 128), qkv[:, 512:1024].reshape(8, 4, 128)
+    for _ in range(2):
+        before = qs.get(), ks.get()
+        cupyops.rope(qs, ks, p, inplace=True)
+        for g, want in zip((qs, ks), reference.rope(*before, np.arange(8))):
+            assert_close(g, want, dtype, "qkv slices in place")
+
+
 # ============================================================================ PyTorch
 TORCH_DTYPES = ("float32", "float16", "bfloat16")
 

@@ -80,7 +80,10 @@ def _fast_spec_add_rms_norm(sig, x, residual, weight, eps, inplace, impl, out0, 
     if (out0 is not None or out1 is not None or type(eps) is not float or type(inplace) is not bool
             or type(impl) is not str):
         return None
-    return (sig(x), sig(residual), sig(weight), eps, inplace, impl), (x, residual, weight)
+    # in place, x and residual are both written: where they lie against each other is part
+    # of the call (the checked path refuses an overlap)
+    where = _fast.placement(x, residual) if inplace else None
+    return (sig(x), sig(residual), sig(weight), eps, inplace, impl, where), (x, residual, weight)
 
 
 _FAST = {"layer_norm": _fast.FastCalls(_fast_spec_layer_norm), "rms_norm": _fast.FastCalls(_fast_spec_rms_norm),

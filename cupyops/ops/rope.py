@@ -50,7 +50,10 @@ def _fast_spec(sig, q, k, positions, cos_sin_cache, rotary_dim, base, style, inp
             or type(base) not in (int, float) or type(style) is not str or type(inplace) is not bool
             or type(impl) is not str):
         return None
-    key = (sig(q), sig(k), sig(positions), sig(cos_sin_cache), rotary_dim, base, style, inplace, impl)
+    # in place, q and k are both written: where they lie against each other is part of the
+    # call (the checked path refuses a shared element; head slices of one qkv buffer pass)
+    where = _fast.placement(q, k) if inplace else None
+    key = (sig(q), sig(k), sig(positions), sig(cos_sin_cache), rotary_dim, base, style, inplace, impl, where)
     return key, (q, k, positions, cos_sin_cache)
 
 
