@@ -175,6 +175,21 @@ def test_rope_model_dtype_cache_and_in_place_rules():
     assert np.all(poison[0] == -7.0) and np.all(poison[1] == -7.0)
 
 
+def test_add_rms_norm_in_place_needs_arrays_and_out_pair_of_none_is_none(monkeypatch):
+    # in place, a list would be updated in a new array and the caller's left as it was
+    with pytest.raises(TypeError, match="^x: inplace=True needs an array to write into, got list"):
+        cupyops.add_rms_norm(list(F32.copy()), F32.copy(), None, inplace=True)
+    with pytest.raises(TypeError, match="^residual: inplace=True needs an array to write into, got list"):
+        cupyops.add_rms_norm(F32.copy(), list(F32.copy()), None, inplace=True)
+    # out=(None, None) is out=None: the results, not the Nones (the kernels stood in for)
+    packed = np.arange(2 * F32.size, dtype=np.float32).reshape((2,) + F32.shape)
+    monkeypatch.setattr(norm, "_add_rms_norm", lambda *args: packed)
+    normed, s = cupyops.add_rms_norm(F32, F32, None, out=(None, None))
+    assert normed is not None and s is not None
+    np.testing.assert_array_equal(normed, packed[0])
+    np.testing.assert_array_equal(s, packed[1])
+
+
 def test_rope_in_place_needs_arrays_and_a_float_base():
     # in place, a list (here of float32 token rows) would be rotated in a new array and the
     # caller's left as it was

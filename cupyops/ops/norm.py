@@ -194,12 +194,13 @@ def add_rms_norm(x, residual, weight, eps=1e-6, *, inplace=False, out=None, impl
     res = _add_rms_norm(x, residual, weight, eps, inplace, impl, out0, out1)
     if inplace:
         return x, residual
-    if out is not None:
+    if out0 is not None:  # (out=(None, None) asks for new arrays, as out=None)
         return out0, out1
     return res[0], res[1]
 
 
 def _check_add_rms_norm(x, residual, weight, eps, inplace, impl, out0, out1):
+    given = (x, residual)
     x = _arrays.as_input(x, "x")
     dt = _arrays.check_dtype(x, "x", _dtypes.FLOAT_TYPES)
     _arrays.check_ndim(x, "x", min_ndim=1)
@@ -220,7 +221,9 @@ def _check_add_rms_norm(x, residual, weight, eps, inplace, impl, out0, out1):
             _arrays.check_no_overlap(name, o, [("residual", residual), ("weight", weight), *outs])
             outs.append((name, o))
     if inplace:
-        for name, a in (("x", x), ("residual", residual)):
+        for name, a, g in (("x", x, given[0]), ("residual", residual, given[1])):
+            if a is not g:  # (a list made into a new array: the results would go nowhere)
+                raise TypeError(f"{name}: inplace=True needs an array to write into, got {type(g).__name__}")
             if _arrays.is_cupy(a) and not a.flags.c_contiguous:
                 raise ValueError(f"{name}: must be C-contiguous for inplace=True")
             if not _arrays.is_cupy(a) and not a.flags.writeable:
