@@ -276,8 +276,17 @@ def check_no_overlap(name, a, others):
     for other_name, b in others:
         if b is None or not b.size or is_cupy(a) != is_cupy(b):
             continue
-        if _shares_elements(a, b) if is_cupy(a) else np.shares_memory(a, b):
+        if _shares_elements(a, b) if is_cupy(a) else _host_shares_elements(a, b):
             raise ValueError(f"{name}: must not overlap {other_name}")
+
+
+def _host_shares_elements(a, b):
+    """np.shares_memory with a bound on its work: a problem too hard (or too large) to
+    settle counts as an overlap, as for device arrays."""
+    try:
+        return bool(np.shares_memory(a, b, max_work=10**6))
+    except (TooHardError, OverflowError):
+        return True
 
 
 class _Layout:
@@ -298,5 +307,5 @@ def _shares_elements(a, b):
         return False
     try:
         return bool(np.shares_memory(np.asarray(_Layout(a)), np.asarray(_Layout(b)), max_work=10**6))
-    except TooHardError:
+    except (TooHardError, OverflowError):
         return True
