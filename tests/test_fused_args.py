@@ -199,6 +199,9 @@ def test_rope_in_place_needs_arrays_and_a_float_base():
         cupyops.rope(Q.copy(), list(K.copy()), POS, inplace=True)
     with pytest.raises(ValueError, match="^base: must be a finite number > 0, got an integer too large"):
         call_rope(base=10**400)
+    shared_head = np.lib.stride_tricks.as_strided(Q.copy(), Q.shape, (Q.strides[0], 0, Q.strides[2]))
+    with pytest.raises(ValueError, match="^q: a zero stride would rotate one element several times"):
+        cupyops.rope(shared_head, K.copy(), POS, inplace=True)
 
 
 def test_rope_out_pair_of_none_returns_new_arrays(monkeypatch):

@@ -168,6 +168,9 @@ def _check(q, k, positions, cache, rotary_dim, base, style, inplace, impl, out0,
                                                   or any(s % a.itemsize for s in a.strides)):
                 raise ValueError(f"{name}: its last axis must be unit-stride and its strides whole elements "
                                  "for inplace=True")
+            if any(st == 0 and n > 1 for n, st in zip(a.shape, a.strides)):  # (a broadcast view)
+                raise ValueError(f"{name}: a zero stride would rotate one element several times "
+                                 "for inplace=True")
             if not _arrays.is_cupy(a) and not a.flags.writeable:
                 raise ValueError(f"{name}: must be writeable for inplace=True")
         _arrays.check_no_overlap("k", k, [("q", q)])
