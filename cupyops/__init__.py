@@ -11,6 +11,7 @@ from .ops.attention import attention
 from .ops.fp8 import quantize_fp8, scaled_matmul
 from .ops.gemm import gemm, matmul
 from .ops.norm import add_rms_norm, layer_norm, rms_norm
+from .ops.paged import attention_paged, kv_cache_append, merge_attention_states
 from .ops.reduce import max, sum, trace  # noqa: A004 - NumPy's names
 from .ops.rope import rope
 from .ops.softmax import softmax
@@ -26,11 +27,14 @@ __all__ = [
     "add_rms_norm",
     "amax",
     "attention",
+    "attention_paged",
     "gelu_and_mul",
     "gemm",
+    "kv_cache_append",
     "layer_norm",
     "matmul",
     "max",
+    "merge_attention_states",
     "quantize_fp8",
     "reference",
     "rms_norm",

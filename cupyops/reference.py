@@ -218,6 +218,71 @@ def attention(q, k, v, causal=False, causal_align="top_left", scale=None, layout
     return (out, lse) if return_lse else out
 
 
+def paged_kv(k_cache, v_cache, block_table, seq_len, b):
+    """Sequence b's keys and values gathered from a paged cache, float64 [seq_len, kv_heads,
+    head_dim] each: key j is slot j % page_size of page block_table[b, j // page_size]."""
+    kc, vc = _f64(k_cache), _f64(v_cache)
+    j = np.arange(int(seq_len))
+    pages = _host(block_table)[b, j // kc.shape[1]]
+    return kc[pages, j % kc.shape[1]], vc[pages, j % kc.shape[1]]
+
+
+def attention_paged(q, k_cache, v_cache, block_table, seq_lens, causal=True, scale=None, return_lse=False):
+    """cupyops.attention_paged in float64: each sequence's pages gathered into contiguous K/V
+    (paged_kv) and attended to by its q_len rows, the sequence's last tokens (bottom-right
+    causal). Returns out [batch, q_len, q_heads, head_dim] or (out, lse [batch, q_heads,
+    q_len])."""
+    q = _f64(q)
+    lens = _host(seq_lens)
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        k, v = paged_kv(k_cache, v_cache, block_table, lens[b], b)
+        o, lse = attention(q[b:b + 1], k[None], v[None], causal=causal, causal_align="bottom_right", scale=scale,
+                           return_lse=True)
+        outs.append(o)
+        lses.append(lse)
+    shape = (0,) + q.shape[1:]
+    out = np.concatenate(outs) if outs else np.zeros(shape)
+    lse = np.concatenate(lses) if lses else np.zeros((0, q.shape[2], q.shape[1]))
+    return (out, lse) if return_lse else out
+
+
+def kv_cache_append(k_cache, v_cache, k, v, block_table, positions):
+    """The caches after cupyops.kv_cache_append (copies, in the caches' dtype: the writes are
+    exact): token i of sequence b to position positions[b] + i (slot p % page_size of page
+    block_table[b, p // page_size]); a token whose position is outside the table's capacity
+    or whose page is not one of the cache's is skipped, as on the device."""
+    kc, vc = _host(k_cache).copy(), _host(v_cache).copy()
+    k, v, table, pos = _host(k), _host(v), _host(block_table), _host(positions)
+    num_pages, P = kc.shape[:2]
+    for b in range(k.shape[0]):
+        for i in range(k.shape[1]):
+            p = int(pos[b]) + i
+            if not 0 <= p < table.shape[1] * P:
+                continue
+            page = int(table[b, p // P])
+            if 0 <= page < num_pages:
+                kc[page, p % P], vc[page, p % P] = k[b, i], v[b, i]
+    return kc, vc
+
+
+def merge_attention_states(o_a, lse_a, o_b, lse_b):
+    """(o, lse) of two partial attentions merged through their natural-log LSEs, float64:
+    o = (e^lse_a o_a + e^lse_b o_b) / (e^lse_a + e^lse_b), lse = log(e^lse_a + e^lse_b);
+    a side with lse -inf contributes nothing; both -inf give o = 0 and lse -inf."""
+    la, lb = _f64(lse_a), _f64(lse_b)
+    m = np.maximum(la, lb)
+    m_safe = np.where(np.isneginf(m), 0.0, m)
+    wa, wb = np.exp(la - m_safe), np.exp(lb - m_safe)
+    total = wa + wb
+    with np.errstate(invalid="ignore"):  # a side with weight 0 never multiplies its o (NaN stays out)
+        o = (np.where(wa[..., None] > 0, wa[..., None] * _f64(o_a), 0.0)
+             + np.where(wb[..., None] > 0, wb[..., None] * _f64(o_b), 0.0)) / np.where(total > 0, total, 1.0)[..., None]
+    with np.errstate(divide="ignore"):
+        lse = m_safe + np.log(total)
+    return o, np.where(np.isneginf(m), -np.inf, lse)
+
+
 # ------------------------------------------------------------------ float8 e4m3
 E4M3_MAX = 448.0  # the largest finite float8 e4m3 value
 

@@ -1,6 +1,8 @@
 // attention_decode.cu: the `decode` rung of attention (split-KV, "flash-decoding"), for
-// q_len 1..16 against a long KV sequence. kernels/attention_common.cuh has the contract;
-// cupyops/ops/_attention_decode.py computes the launch described here.
+// q_len 1..16 against a long KV sequence, contiguous or in a paged cache (and the paged
+// cache's writer, kv_cache_append, and the public two-state merge). kernels/
+// attention_common.cuh has the contract; cupyops/ops/_attention_decode.py computes the
+// launches described here.
 //
 // At q_len = 1 attention is a stream over K and V: bf16, Hkv = 8, head_dim 128, 4096 keys is
 // 16 MB of K + V per batch element against a few hundred bytes of queries, so the time is
@@ -64,6 +66,22 @@
 //   work_lse[row * S + s]: its log2-sum-exp in the scaled base-2 units (-inf: saw no key).
 // The merge: M = max_s lse_s, w_s = 2^(lse_s - M), O = sum_s w_s o_s / sum_s w_s, LSE =
 // ln 2 * (M + log2 sum_s w_s), in split order.
+//
+// attention_decode_paged<T, DT, RT, STAGES>: the same kernel (one body, decode_split) over a
+// paged KV cache (cupyops.attention_paged): K/V [num_pages, page_size, Hkv, D] with
+// page_size a power of two from 16 to 256, a block table of int32 page numbers per sequence,
+// per-sequence lengths, and each sequence's Sq query rows its last Sq tokens (bottom-right
+// causal). The body asks a KV policy (StridedKV, PagedKV) where its rows are and how long
+// its sequence is; the ring copies each tile in groups of 16 keys, and the paged policy
+// looks up one page a group, two tiles ahead, after prefetching the block's table entries
+// into L2. The launch is planned for the table's capacity
+// (max_pages * page_size keys), as the lengths live on the GPU; a split past its
+// sequence's end loads nothing and leaves the no-key state (O = 0, LSE -inf), which the
+// merge skips. Grid, block, shared memory and workspace as attention_decode's;
+// instantiated for fp16/bf16 (cupyops/ops/_attention_decode.py PAGED_DTYPES says why).
+// attention_merge_states<T> (cupyops.merge_attention_states) and kv_cache_append<T>
+// (cupyops.kv_cache_append, the writer of the layout the paged kernel reads): one thread a
+// 16-byte chunk, 128 threads a block; see each kernel.
 #include "attention_common.cuh"
 #include "ptx.cuh"
 
@@ -127,9 +145,140 @@ __device__ __forceinline__ int row_end(int row, int R, int Sq, int Skv, int caus
 }
 
 
+// ---- Where a block's K and V rows live: the KV policy of the kernel body. The ring asks it
+// for a thread's rows a group of GROUP_KEYS keys at a time. A group starts at a multiple of
+// 16 keys (k0 and the tiles are whole multiples of BK), so it never straddles a page of 16
+// or more keys, and a thread's rows in it (j0 + u * RSTEP, j0 < RSTEP <= 16) are one page's
+// rows at a constant stride: the paged cache costs a page lookup a group, not a row. A
+// policy's PER_GROUP says what group() returns: the group's first row (paged), or one base
+// for the whole tile that every copy u steps from (strided: the address arithmetic of the
+// kernel before it had policies; ptxas allots registers a little differently, e.g. 21 more
+// moves in the bf16 head_dim-128 loop of ~800 instructions, the same 144 registers).
+constexpr int GROUP_KEYS = 16;
+
+// Bring the 128-byte line holding p into L2 (no register, no wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// A contiguous KV sequence: key j of (b, hk) at K + b * k_sb + j * k_ss + hk * k_sh (the
+// `decode` rung: attention()'s strides). Its addresses are the ones the kernel always used.
+template <typename T> struct StridedKV {
+    static constexpr bool PER_GROUP = false;
+    const T* kp;  // the head's key 0; on the 16-byte path, after thread_rows, the thread's
+    const T* vp;  // first element (key k0 + j0, its chunk)
+    i64 k_ss, v_ss;
+    int len, offset;  // keys of this block's sequence, its causal offset
+
+    __device__ __forceinline__ StridedKV(const T* K, const T* V, i64 k_sb, i64 k_ss_, i64 k_sh, i64 v_sb, i64 v_ss_,
+                                         i64 v_sh, int b, int hk, int Skv, int causal_offset)
+        : kp(K + b * k_sb + (i64)hk * k_sh), vp(V + b * v_sb + (i64)hk * v_sh), k_ss(k_ss_), v_ss(v_ss_), len(Skv),
+          offset(causal_offset) {}
+    __device__ __forceinline__ void thread_rows(int k0, int, int j0, int col, bool vec) {
+        if (vec) {
+            kp += (i64)(k0 + j0) * k_ss + col;
+            vp += (i64)(k0 + j0) * v_ss + col;
+        }
+    }
+    __device__ __forceinline__ void advance(int) {}  // nothing to look up
+    // 16-byte path: the thread's first row of the tile kt keys past k0 (copy u reads the row
+    // u * RSTEP * k_ss further, whatever its group g); whether the rows may be read
+    __device__ __forceinline__ bool group(int kt, int, const T*& kq, const T*& vq) const {
+        kq = kp + (i64)kt * k_ss;
+        vq = vp + (i64)kt * v_ss;
+        return true;
+    }
+    // element path: the row of key j
+    __device__ __forceinline__ bool row(int j, const T*& kr, const T*& vr) const {
+        kr = kp + (i64)j * k_ss;
+        vr = vp + (i64)j * v_ss;
+        return true;
+    }
+};
+
+// A paged KV cache [num_pages, page_size, Hkv, D] (vLLM / FlashInfer "NHD"): key j of
+// sequence b is slot j % page_size of page block_table[b, j / page_size]. Values that live
+// on the GPU are never trusted: the sequence length is clamped to [0, max_pages *
+// page_size] (so the table is read only inside its row), and a table entry outside [0,
+// num_pages) reads as a page of zeros (its keys score 0 against zero values). A table
+// lookup sits between a tile's turn and its copies, so it must never wait on memory: the
+// block's whole range of table entries is prefetched into L2 at its start (a 4-byte entry
+// a page: 8 lines for 4096 keys of 16-key pages), and each tile's pages are loaded into
+// registers two tiles ahead (pg: the tile being issued, pn: the next one).
+template <typename T, int NG> struct PagedKV {
+    static constexpr bool PER_GROUP = true;
+    const T* kp;  // the head's column 0 (+ the thread's chunk on the 16-byte path)
+    const T* vp;
+    const int* table;  // this sequence's row of block_table
+    i64 k_sp, k_ss, v_sp, v_ss;
+    int shift, num_pages, max_pages, k0, j0;
+    int len, offset;
+    int pg[NG];  // pages of the groups of the tile issue() copies next
+    int pn[NG];  // and of the tile after it
+
+    __device__ __forceinline__ PagedKV(const T* K, const T* V, i64 k_sp_, i64 k_ss_, i64 k_sh, i64 v_sp_, i64 v_ss_,
+                                       i64 v_sh, int b, int hk, int Sq, int capacity, const int* block_table,
+                                       i64 bt_sb, const int* seq_lens, int page_shift, int num_pages_)
+        : kp(K + (i64)hk * k_sh), vp(V + (i64)hk * v_sh), table(block_table + b * bt_sb), k_sp(k_sp_), k_ss(k_ss_),
+          v_sp(v_sp_), v_ss(v_ss_), shift(page_shift), num_pages(num_pages_), max_pages(capacity >> page_shift),
+          k0(0), j0(0) {
+        len = min(max(seq_lens[b], 0), capacity);
+        offset = len - Sq;  // the query rows are the sequence's last Sq tokens
+    }
+    __device__ __forceinline__ void thread_rows(int k0_, int kend, int j0_, int col, bool vec) {
+        k0 = k0_;
+        j0 = j0_;
+        if (vec) {
+            kp += col;
+            vp += col;
+            if (kend > k0) {  // the table entries of keys [k0, kend): a line (32 entries) a thread
+                const int first = k0 >> shift, last = (kend - 1) >> shift;
+                for (int e = first + 32 * (int)threadIdx.x; e <= last; e += 32 * THREADS) prefetch_l2(table + e);
+                if (threadIdx.x == 0) prefetch_l2(table + last);  // (a line the stride of 32 steps over)
+            }
+            load(0, pg);
+            load(Cfg<T>::BK, pn);
+        }
+    }
+    // the pages of tile kt's groups (keys from k0 + kt); -1 past the table's row
+    __device__ __forceinline__ void load(int kt, int (&p)[NG]) const {
+#pragma unroll
+        for (int g = 0; g < NG; ++g) {
+            const int page = (k0 + kt + GROUP_KEYS * g) >> shift;
+            p[g] = page < max_pages ? __ldg(table + page) : -1;
+        }
+    }
+    // after tile kt's copies: its successor's pages move up, and the loads of the tile two
+    // ahead go out
+    __device__ __forceinline__ void advance(int kt) {
+#pragma unroll
+        for (int g = 0; g < NG; ++g) pg[g] = pn[g];
+        load(kt + 2 * Cfg<T>::BK, pn);
+    }
+    // the thread's row of group g of the tile kt keys past k0 (its further rows in the group
+    // are RSTEP * k_ss apart); whether the page may be read
+    __device__ __forceinline__ bool group(int kt, int g, const T*& kq, const T*& vq) const {
+        const int slot = (k0 + kt + GROUP_KEYS * g + j0) & ((1 << shift) - 1);
+        const bool ok = (unsigned)pg[g] < (unsigned)num_pages;
+        const i64 page = ok ? pg[g] : 0;
+        kq = kp + page * k_sp + (i64)slot * k_ss;
+        vq = vp + page * v_sp + (i64)slot * v_ss;
+        return ok;
+    }
+    // element path: key j's row (any j >= 0: past the table's row it reads nothing)
+    __device__ __forceinline__ bool row(int j, const T*& kr, const T*& vr) const {
+        const int p = (j >> shift) < max_pages ? __ldg(table + (j >> shift)) : -1;
+        const bool ok = (unsigned)p < (unsigned)num_pages;
+        const i64 page = ok ? p : 0;
+        const int slot = j & ((1 << shift) - 1);
+        kr = kp + page * k_sp + (i64)slot * k_ss;
+        vr = vp + page * v_sp + (i64)slot * v_ss;
+        return ok;
+    }
+};
+
 // The K/V ring of one block: tile t (keys k0 + t * BK ..) goes to stage t % STAGES, K then
-// V, each BK rows of DT elements, swizzled.
-template <typename T, int DT, int STAGES> struct Ring {
+// V, each BK rows of DT elements, swizzled. issue() is called for t = 0, 1, 2, ... in turn
+// (the paged policy's lookahead relies on it).
+template <typename T, int DT, int STAGES, typename KV> struct Ring {
     using C = Cfg<T>;
     static constexpr int BK = C::BK, VEC = C::VEC, CH = DT / VEC, ROWB = DT * (int)sizeof(T);
     static constexpr int TILE_BYTES = BK * ROWB;
@@ -137,55 +286,61 @@ template <typename T, int DT, int STAGES> struct Ring {
     // 16-byte path: thread tid copies chunk c = tid % CH of rows j0 + u * RSTEP (j0 = tid /
     // CH), so its addresses step by a constant and the swizzle (j & 7) changes by a constant
     // XOR: a copy costs a few instructions (and the kernel little code, which a cold
-    // instruction cache fetches at every launch).
+    // instruction cache fetches at every launch). The copies go by groups of GROUP_KEYS
+    // keys (NG a tile, UPG copies each), whose first row the KV policy places.
     static constexpr int RSTEP = THREADS / CH, COPIES = BK / RSTEP;
+    static constexpr int NG = BK / GROUP_KEYS, UPG = GROUP_KEYS / RSTEP;
     static_assert(THREADS % CH == 0 && BK % RSTEP == 0, "copy layout");
+    static_assert(BK % GROUP_KEYS == 0 && GROUP_KEYS % RSTEP == 0 && NG * UPG == COPIES, "copy groups");
     // (j0 + u * RSTEP) & 7 == (j0 & 7) ^ ((u * RSTEP) & 7) when RSTEP is 4 or a multiple of 8
     static constexpr bool XOR_STEP = RSTEP % 8 == 0 || RSTEP == 4;
 
-    const T* kp;  // 16-byte path: the thread's first element at key k0; else the head's key 0
-    const T* vp;
+    KV kv;
     const T* K;  // a valid address for the zero-byte copies
     const T* V;
-    i64 k_ss, v_ss;
     unsigned char* smem;
     unsigned base;  // shared-window address of smem
     unsigned off0;  // 16-byte path: byte offset of the thread's first row in a tile
     int k0, kend, nt, D, tid, j0, c, cx;
     bool vec, cok;
 
-    __device__ __forceinline__ Ring(const T* Kb, const T* Vb, const T* K_, const T* V_, i64 kss, i64 vss,
-                                    unsigned char* sm, int k0_, int kend_, int nt_, int D_, bool vec_)
-        : K(K_), V(V_), k_ss(kss), v_ss(vss), smem(sm), base(smem_u32(sm)), k0(k0_), kend(kend_), nt(nt_),
-          D(D_), tid(threadIdx.x), vec(vec_) {
+    __device__ __forceinline__ Ring(const KV& kv_, const T* K_, const T* V_, unsigned char* sm, int k0_, int kend_,
+                                    int nt_, int D_, bool vec_)
+        : kv(kv_), K(K_), V(V_), smem(sm), base(smem_u32(sm)), k0(k0_), kend(kend_), nt(nt_), D(D_),
+          tid(threadIdx.x), vec(vec_) {
         c = tid % CH;
         j0 = tid / CH;
         cx = c ^ (j0 & 7);  // row j0 + u * RSTEP: chunk cx ^ ((u * RSTEP) & 7)
         cok = c * VEC < D;
         off0 = (unsigned)(j0 * ROWB);
-        kp = vec ? Kb + (i64)(k0 + j0) * k_ss + c * VEC : Kb;
-        vp = vec ? Vb + (i64)(k0 + j0) * v_ss + c * VEC : Vb;
+        kv.thread_rows(k0, kend, j0, c * VEC, vec);
     }
 
     // Copy tile t (if t < nt); always commit a group (empty past the last tile) so that
     // cp_wait's count means the same on every iteration.
-    __device__ __forceinline__ void issue(int t) const {
+    __device__ __forceinline__ void issue(int t) {
         if (t < nt) {
             const int kt = t * BK;  // from k0
             const unsigned ks = base + (unsigned)((t % STAGES) * STAGE_BYTES);
             if (vec) {
                 const int rows = kend - k0 - kt;  // rows of this tile that exist
-                const T* kq = kp + (i64)kt * k_ss;
-                const T* vq = vp + (i64)kt * v_ss;
 #pragma unroll
-                for (int u = 0; u < COPIES; ++u) {
-                    const bool ok = cok && j0 + u * RSTEP < rows;
-                    const unsigned off = XOR_STEP ? off0 + (unsigned)(u * RSTEP * ROWB) + ((cx ^ ((u * RSTEP) & 7)) << 4)
-                                                  : swizzle16(j0 + u * RSTEP, c, ROWB);
-                    // zero-filled (0 source bytes: nothing read) past the keys and head_dim
-                    cp16_zfill(ks + off, ok ? kq + (i64)(u * RSTEP) * k_ss : K, ok ? 16 : 0);
-                    cp16_zfill(ks + TILE_BYTES + off, ok ? vq + (i64)(u * RSTEP) * v_ss : V, ok ? 16 : 0);
+                for (int g = 0; g < NG; ++g) {
+                    const T* kq;
+                    const T* vq;
+                    const bool gok = kv.group(kt, g, kq, vq);
+#pragma unroll
+                    for (int uu = 0; uu < UPG; ++uu) {
+                        const int u = g * UPG + uu, step = KV::PER_GROUP ? uu : u;
+                        const bool ok = cok && gok && j0 + u * RSTEP < rows;
+                        const unsigned off = XOR_STEP ? off0 + (unsigned)(u * RSTEP * ROWB) + ((cx ^ ((u * RSTEP) & 7)) << 4)
+                                                      : swizzle16(j0 + u * RSTEP, c, ROWB);
+                        // zero-filled (0 source bytes: nothing read) past the keys and head_dim
+                        cp16_zfill(ks + off, ok ? kq + (i64)(step * RSTEP) * kv.k_ss : K, ok ? 16 : 0);
+                        cp16_zfill(ks + TILE_BYTES + off, ok ? vq + (i64)(step * RSTEP) * kv.v_ss : V, ok ? 16 : 0);
+                    }
                 }
+                kv.advance(kt);  // the page lookahead, if paged
             } else {
                 // element loads (unaligned K/V), U in flight a thread, into the same layout
                 T* ksp = reinterpret_cast<T*>(smem + (ks - base));
@@ -197,10 +352,12 @@ template <typename T, int DT, int STAGES> struct Ring {
 #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const int idx = b0 + u * THREADS, j = idx / DT, d = idx - j * DT;
-                        const bool ok = k0 + kt + j < kend && d < D;
-                        const i64 kr = (i64)(k0 + kt + j);
-                        kx[u] = ok ? kp[kr * k_ss + d] : from_f32<T>(0.f);
-                        vx[u] = ok ? vp[kr * v_ss + d] : from_f32<T>(0.f);
+                        const T* kr;
+                        const T* vr;
+                        const bool rok = kv.row(k0 + kt + j, kr, vr);
+                        const bool ok = k0 + kt + j < kend && d < D && rok;
+                        kx[u] = ok ? kr[d] : from_f32<T>(0.f);
+                        vx[u] = ok ? vr[d] : from_f32<T>(0.f);
                     }
 #pragma unroll
                     for (int u = 0; u < U; ++u) {
@@ -222,10 +379,12 @@ template <typename T, int DT, int STAGES> struct Ring {
 using namespace cuops;
 
 // ------------------------------------------------------------------------ split kernel
-template <typename T, int DT, int RT, int STAGES>
-__global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>::value)
-    attention_decode(ATTN_PARAMS(T), float* __restrict__ work_o, float* __restrict__ work_lse, int S, int chunk,
-                     int NRT) {
+// The body of attention_decode (contiguous K/V) and attention_decode_paged (a paged cache):
+// make_kv(b, hk) gives the block's KV policy (StridedKV, PagedKV), which places its K/V rows
+// and says how many keys its sequence has; everything else is the same code.
+template <typename T, int DT, int RT, int STAGES, typename MakeKV>
+__device__ __forceinline__ void decode_split(ATTN_PARAMS(T), float* __restrict__ work_o, float* __restrict__ work_lse,
+                                             int S, int chunk, int NRT, const MakeKV& make_kv) {
     using namespace decode;
     using C = Cfg<T>;
     constexpr int BK = C::BK, KPW = C::KPW, VEC = C::VEC;
@@ -253,7 +412,11 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
     const int s = (int)split_index(bid, (unsigned)S);
     const int hk = (int)split_index(bid, (unsigned)Hkv), b = (int)bid;
     const int r0 = rt * RT, nrows = min(RT, R - r0);
-    const int k0 = s * chunk, k1 = min(Skv, k0 + chunk);
+    auto kv = make_kv(b, hk);
+    const int Skv_b = kv.len, offset_b = kv.offset;  // this block's sequence
+    // (a split past a shorter sequence's end gets no key: k1 <= k0, nothing loaded, and its
+    // state says so: O = 0, LSE = -inf, which the merge skips)
+    const int k0 = s * chunk, k1 = min(Skv_b, k0 + chunk);
 
     // kend: past the last key any row of the tile sees (tiles beyond are never loaded);
     // kfull: below it every row sees every key (those tiles skip the mask). visible_keys grows
@@ -263,15 +426,13 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
         const int i0 = pos_of(r0, Sq);
         if (i0 + nrows <= Sq) ilo = i0, ihi = i0 + nrows - 1;
     }
-    const int kend = max(k0, min(k1, attn::visible_keys(ihi, Skv, causal, causal_offset)));
-    const int kfull = min(k1, attn::visible_keys(ilo, Skv, causal, causal_offset));
+    const int kend = max(k0, min(k1, attn::visible_keys(ihi, Skv_b, causal, offset_b)));
+    const int kfull = min(k1, attn::visible_keys(ilo, Skv_b, causal, offset_b));
     const int nt = (kend - k0 + BK - 1) / BK;
 
-    // ---- the K/V ring
-    const T* Kb = K + b * k_sb + (i64)hk * k_sh;
-    const T* Vb = V + b * v_sb + (i64)hk * v_sh;
+    // ---- the K/V ring (a paged cache's k_sb / v_sb are its page strides)
     const bool vec = vec_ok(K, k_sb, k_ss, k_sh, D) && vec_ok(V, v_sb, v_ss, v_sh, D);
-    const Ring<T, DT, STAGES> ring(Kb, Vb, K, V, k_ss, v_ss, smem, k0, kend, nt, D, vec);
+    Ring<T, DT, STAGES, decltype(kv)> ring(kv, K, V, smem, k0, kend, nt, D, vec);
 
     const float sl2 = scale * attn::LOG2E;
     const float NEG_INF = -CUOPS_INF;
@@ -341,8 +502,8 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
     if constexpr (C::MMA) {
         // ================= fp16/bf16: mma.sync, 16 rows x 16 keys a warp and tile
         const int g = lane >> 2, tq = lane & 3;
-        const int e0 = row_end(r0 + g, R, Sq, Skv, causal, causal_offset, k1);
-        const int e1 = row_end(r0 + g + 8, R, Sq, Skv, causal, causal_offset, k1);
+        const int e0 = row_end(r0 + g, R, Sq, Skv_b, causal, offset_b, k1);
+        const int e1 = row_end(r0 + g + 8, R, Sq, Skv_b, causal, offset_b, k1);
         float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
         float acc[DT / 8][4];
 #pragma unroll
@@ -516,7 +677,7 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
                 float v = sc[r] + __shfl_xor_sync(0xffffffffu, sc[r], 8);
                 v += __shfl_xor_sync(0xffffffffu, v, 16);
                 v *= sl2;
-                if (!full && key >= row_end(r0 + r, R, Sq, Skv, causal, causal_offset, k1)) v = NEG_INF;
+                if (!full && key >= row_end(r0 + r, R, Sq, Skv_b, causal, offset_b, k1)) v = NEG_INF;
                 float mx = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
@@ -635,6 +796,37 @@ __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>:
     }
 }
 
+// ATTN_PARAMS' names, to hand them on
+#define DECODE_ATTN_ARGS                                                                                     \
+    Q, K, V, O, LSE, B, Hq, Hkv, Sq, Skv, D, q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, \
+        o_sh, scale, causal, causal_offset
+
+template <typename T, int DT, int RT, int STAGES>
+__global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>::value)
+    attention_decode(ATTN_PARAMS(T), float* __restrict__ work_o, float* __restrict__ work_lse, int S, int chunk,
+                     int NRT) {
+    decode_split<T, DT, RT, STAGES>(DECODE_ATTN_ARGS, work_o, work_lse, S, chunk, NRT, [&](int b, int hk) {
+        return decode::StridedKV<T>(K, V, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, b, hk, Skv, causal_offset);
+    });
+}
+
+// The paged cache: K and V are [num_pages, page_size, Hkv, D] with k_sb / v_sb their page
+// strides, Skv = max_pages * page_size (the table's capacity: what the plan splits),
+// block_table[b * bt_sb + p] (int32) the page of sequence b's keys p * page_size ..,
+// seq_lens[b] its length, page_size = 1 << page_shift. causal_offset is unused: each
+// sequence's query rows are its last Sq tokens (offset seq_len - Sq).
+template <typename T, int DT, int RT, int STAGES>
+__global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>::value)
+    attention_decode_paged(ATTN_PARAMS(T), float* __restrict__ work_o, float* __restrict__ work_lse, int S,
+                           int chunk, int NRT, const int* __restrict__ block_table, i64 bt_sb,
+                           const int* __restrict__ seq_lens, int page_shift, int num_pages) {
+    decode_split<T, DT, RT, STAGES>(DECODE_ATTN_ARGS, work_o, work_lse, S, chunk, NRT, [&](int b, int hk) {
+        return decode::PagedKV<T, decode::Cfg<T>::BK / decode::GROUP_KEYS>(
+            K, V, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, b, hk, Sq, Skv, block_table, bt_sb, seq_lens, page_shift,
+            num_pages);
+    });
+}
+
 // ------------------------------------------------------------------------ merge kernel
 // One warp a row: the S partials of the row, combined in split order through their LSE.
 template <typename T>
@@ -669,4 +861,122 @@ __global__ void __launch_bounds__(decode::THREADS)
         o[d] = from_f32<T>(acc * inv);
     }
     if (lane == 0 && LSE != nullptr) LSE[row] = M != NEG_INF ? (M + log2f(L)) * attn::LN2 : NEG_INF;
+}
+
+// ------------------------------------------------------------------------ merge_attention_states
+// Two partial attentions of the same rows (o_a over keys A, o_b over keys B, each
+// normalised by its own sum, with natural-log LSEs) into the attention over A and B: with
+// M = max(lse_a, lse_b) and w = e^(lse - M), o = (w_a o_a + w_b o_b) / (w_a + w_b) and
+// lse = M + ln(w_a + w_b). The decode merge's arithmetic for two states, in natural log
+// (no base-2 round trip), so that the larger side's weight is exactly 1: a side whose LSE is
+// -inf (it saw no key) leaves the other side's o and lse bit for bit, and its o is never
+// read into the sum (whatever it holds); both -inf: o = 0, lse = -inf, as a row that sees
+// no key. rows = tokens * H (row r = t * H + h); out holds o [rows, D] (T), then, lse_off
+// bytes in, lse [rows] (float32): one buffer, one result array for a fast call to make.
+// One thread a 16-byte chunk (VEC elements) of a row; element by element where a pointer, a
+// stride or D is not a multiple of 16 bytes (uniform per launch).
+namespace cuops {
+namespace decode {
+// w_a x_a + w_b x_b, a side of weight 0 left out (its x may be anything, NaN included);
+// products and sum rounded one by one (no FMA contraction), so the 16-byte and the element
+// path give the same bits, and a weight of 1 against 0 gives x itself (-0 included)
+__device__ __forceinline__ float weigh(float wa, float xa, float wb, float xb) {
+    const float a = __fmul_rn(wa, xa), b = __fmul_rn(wb, xb);
+    return wa == 0.f ? (wb == 0.f ? 0.f : b) : (wb == 0.f ? a : __fadd_rn(a, b));
+}
+}  // namespace decode
+}  // namespace cuops
+
+template <typename T>
+__global__ void __launch_bounds__(decode::THREADS)
+    attention_merge_states(const T* __restrict__ oa, const float* __restrict__ la, const T* __restrict__ ob,
+                           const float* __restrict__ lb, unsigned char* __restrict__ out, i64 lse_off, i64 rows,
+                           int H, int D, i64 oa_st, i64 oa_sh, i64 ob_st, i64 ob_sh, i64 la_st, i64 la_sh,
+                           i64 lb_st, i64 lb_sh) {
+    using decode::weigh;
+    constexpr int VEC = Vec<T>::N;
+    const float NEG_INF = -CUOPS_INF;
+    const int CH = (D + VEC - 1) / VEC;
+    const i64 idx = (i64)blockIdx.x * decode::THREADS + threadIdx.x;
+    if (idx >= rows * CH) return;
+    const i64 r = idx / CH, t = r / H;
+    const int c = (int)(idx - r * CH), h = (int)(r - t * H);
+    const float a = la[t * la_st + h * la_sh], b = lb[t * lb_st + h * lb_sh];
+    const float M = fmaxf(a, b);
+    float wa = 0.f, wb = 0.f, lse = NEG_INF;
+    if (M != NEG_INF) {  // (a NaN LSE gives NaN weights: it propagates)
+        wa = expf(a - M);
+        wb = expf(b - M);
+        const float sum = wa + wb;
+        lse = M + logf(sum);
+        wa /= sum;
+        wb /= sum;
+    }
+    if (c == 0) reinterpret_cast<float*>(out + lse_off)[r] = lse;
+    const T* pa = oa + t * oa_st + h * oa_sh + c * VEC;
+    const T* pb = ob + t * ob_st + h * ob_sh + c * VEC;
+    T* po = reinterpret_cast<T*>(out) + r * D + c * VEC;
+    const bool vec = ((reinterpret_cast<unsigned long long>(oa) | reinterpret_cast<unsigned long long>(ob) |
+                       reinterpret_cast<unsigned long long>(out)) & 15ull) == 0 &&
+                     oa_st % VEC == 0 && oa_sh % VEC == 0 && ob_st % VEC == 0 && ob_sh % VEC == 0 && D % VEC == 0;
+    if (vec) {
+        float xa[VEC], xb[VEC], y[VEC];
+        if (wa != 0.f) load_vec(pa, xa);
+        if (wb != 0.f) load_vec(pb, xb);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) y[e] = weigh(wa, xa[e], wb, xb[e]);
+        store_vec(po, y);
+    } else {
+        for (int e = 0; e < VEC && c * VEC + e < D; ++e)
+            po[e] = from_f32<T>(weigh(wa, wa != 0.f ? to_f32(pa[e]) : 0.f, wb, wb != 0.f ? to_f32(pb[e]) : 0.f));
+    }
+}
+
+// ------------------------------------------------------------------------ kv_cache_append
+// New tokens into a paged cache (the layout attention_decode_paged reads): token i of
+// sequence b (k[b, i], v[b, i] of [B, N, H, D]) goes to position pos = positions[b] + i,
+// slot pos % page_size of page block_table[b * bt_sb + pos / page_size]. A token whose
+// position is outside [0, max_pages * page_size), or whose page is outside [0, num_pages),
+// is not written: nothing is read or written out of bounds whatever the GPU-resident
+// positions and table hold. One thread a 16-byte chunk (VEC elements) of a (token, head)
+// row, K and V both; element by element where a pointer, a stride or D is not a multiple of
+// 16 bytes (uniform per launch).
+template <typename T>
+__global__ void __launch_bounds__(decode::THREADS)
+    kv_cache_append(T* __restrict__ Kc, T* __restrict__ Vc, const T* __restrict__ Kn, const T* __restrict__ Vn,
+                    const int* __restrict__ block_table, const int* __restrict__ positions, int B, int N, int H,
+                    int D, i64 kc_sp, i64 kc_ss, i64 kc_sh, i64 vc_sp, i64 vc_ss, i64 vc_sh, i64 kn_sb, i64 kn_sn,
+                    i64 kn_sh, i64 vn_sb, i64 vn_sn, i64 vn_sh, i64 bt_sb, int page_shift, int num_pages,
+                    int max_pages) {
+    constexpr int VEC = Vec<T>::N;
+    const int CH = (D + VEC - 1) / VEC;
+    const i64 idx = (i64)blockIdx.x * decode::THREADS + threadIdx.x;
+    if (idx >= (i64)B * N * H * CH) return;
+    i64 r = idx / CH;
+    const int c = (int)(idx - r * CH);
+    const int h = (int)(r % H);
+    r /= H;
+    const int i = (int)(r % N), b = (int)(r / N);
+    const i64 pos = (i64)positions[b] + i;
+    if (pos < 0 || pos >= ((i64)max_pages << page_shift)) return;
+    const int page = block_table[b * bt_sb + (pos >> page_shift)];
+    if ((unsigned)page >= (unsigned)num_pages) return;
+    const i64 slot = pos & ((1 << page_shift) - 1);
+    T* kd = Kc + page * kc_sp + slot * kc_ss + h * kc_sh + c * VEC;
+    T* vd = Vc + page * vc_sp + slot * vc_ss + h * vc_sh + c * VEC;
+    const T* ks = Kn + b * kn_sb + i * kn_sn + h * kn_sh + c * VEC;
+    const T* vs = Vn + b * vn_sb + i * vn_sn + h * vn_sh + c * VEC;
+    const bool vec = ((reinterpret_cast<unsigned long long>(Kc) | reinterpret_cast<unsigned long long>(Vc) |
+                       reinterpret_cast<unsigned long long>(Kn) | reinterpret_cast<unsigned long long>(Vn)) & 15ull) == 0 &&
+                     (kc_sp | kc_ss | kc_sh | vc_sp | vc_ss | vc_sh | kn_sb | kn_sn | kn_sh | vn_sb | vn_sn | vn_sh) % VEC == 0 &&
+                     D % VEC == 0;
+    if (vec) {
+        *reinterpret_cast<uint4*>(kd) = __ldg(reinterpret_cast<const uint4*>(ks));
+        *reinterpret_cast<uint4*>(vd) = __ldg(reinterpret_cast<const uint4*>(vs));
+    } else {
+        for (int e = 0; e < VEC && c * VEC + e < D; ++e) {
+            kd[e] = ks[e];
+            vd[e] = vs[e];
+        }
+    }
 }

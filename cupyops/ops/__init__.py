@@ -27,10 +27,16 @@ _FP8 = {
     "scaled_matmul": fp8,
     "quantize_fp8": fp8,
 }
-_FAMILIES = {**_LADDERS, **_FP8}
+# The paged-KV serving operators (issue 19): one kernel each, kept out of OPS like the fp8
+# ones; their tests are tests/test_paged_args.py and tests/test_gpu_paged.py.
+from . import paged  # noqa: E402
+
+_PAGED = dict.fromkeys(("attention_paged", "kv_cache_append", "merge_attention_states"), paged)
+_FAMILIES = {**_LADDERS, **_FP8, **_PAGED}
 
 OPS = tuple(_LADDERS)
 FP8_OPS = tuple(_FP8)
+PAGED_OPS = tuple(_PAGED)
 ALL_OPS = tuple(_FAMILIES)
 
 

@@ -11,6 +11,12 @@ partial results are merged through their log-sum-exp, in split order, by
 
 ``plan`` is a plain function of numbers (the CPU tier checks it); ``launch`` memoizes it per
 shape and device.
+
+The same file serves cupyops.attention_paged (cupyops/ops/paged.py):
+``attention_decode_paged<T, DT, RT, STAGES>`` is that kernel with its K/V rows found through
+a page table, planned by ``plan(..., paged=True)`` for the table's capacity and launched by
+``launch_paged``; and the paged cache's two helpers, ``kv_cache_append<T>`` and
+``attention_merge_states<T>`` (``append_launches``, ``merge_states_launches``).
 """
 import dataclasses
 
@@ -37,6 +43,12 @@ STAGES = {64: 4, 128: 3, 256: 3}
 # x 8 columns would not fit the registers at DT 256)
 F32_ROW_TILES = {64: (4, 8, 16), 128: (4, 8, 16), 256: (4, 8)}
 MMA_ROW_TILE = 16  # fp16/bf16: one m16 row tile of mma.sync
+# The paged kernel is instantiated for fp16/bf16 (one mma row tile). Its float32 path is
+# the same code as the contiguous kernel's and compiles clean (RT 8: 176-242 registers, no
+# spills), but its three kernels would add 5 s of NVRTC a target to this file for a KV
+# cache dtype serving does not use.
+PAGED_DTYPES = ("float16", "bfloat16")
+PAGE_SIZES = (16, 32, 64, 128, 256)  # the powers of two the paged kernel takes (16-key groups)
 NW = 4  # warps a block (kernels/attention_decode.cu decode::NW)
 THREADS = 32 * NW
 MERGE_ROWS = NW  # rows a merge block (one warp each)
@@ -68,6 +80,18 @@ def _merge_name(dtype):
     return template_name("attention_decode_merge", _dtypes.cuda_type(dtype))
 
 
+def _paged_name(dtype, dt, rt):
+    return template_name("attention_decode_paged", _dtypes.cuda_type(dtype), dt, rt, STAGES[dt])
+
+
+def _merge_states_name(dtype):
+    return template_name("attention_merge_states", _dtypes.cuda_type(dtype))
+
+
+def _append_name(dtype):
+    return template_name("kv_cache_append", _dtypes.cuda_type(dtype))
+
+
 def _expressions():
     names = []
     for dtype in DTYPES["decode"]:
@@ -75,6 +99,10 @@ def _expressions():
             for rt in (F32_ROW_TILES[dt] if dtype == "float32" else (MMA_ROW_TILE,)):
                 names.append(_name(dtype, dt, rt))
         names.append(_merge_name(dtype))
+    for dtype in DTYPES["decode"]:
+        if dtype in PAGED_DTYPES:
+            names += [_paged_name(dtype, dt, MMA_ROW_TILE) for dt in DT_TIERS]
+        names += [_merge_states_name(dtype), _append_name(dtype)]
     return names
 
 
@@ -194,15 +222,19 @@ class DecodePlan:
 
 
 def plan(dtype, B, Hq, Hkv, Sq, Skv, D, causal=False, causal_offset=0, sm_count=132,
-         smem_per_sm=SMEM_PER_SM):
+         smem_per_sm=SMEM_PER_SM, paged=False):
     """The launch of ``attention_decode`` (and its merge) for one problem: a plain function
-    of numbers, so the CPU tier can check it."""
-    if dtype not in DTYPES["decode"]:
-        raise TypeError(f"dtype: decode supports {', '.join(DTYPES['decode'])}, got {dtype}")
+    of numbers, so the CPU tier can check it. ``paged``: of ``attention_decode_paged``, with
+    Skv the block table's capacity (max_pages * page_size: the lengths live on the GPU, so
+    the splits are sized for the longest sequence the table can hold; a split past a
+    shorter sequence's end is an empty block)."""
+    if dtype not in (PAGED_DTYPES if paged else DTYPES["decode"]):
+        raise TypeError(f"dtype: decode supports {', '.join(PAGED_DTYPES if paged else DTYPES['decode'])}, "
+                        f"got {dtype}")
     dt = head_dim_tier(D)
     group = Hq // Hkv
     rows = group * Sq
-    rt = row_tile(dtype, dt, rows)
+    rt = row_tile(dtype, dt, rows)  # (the paged kernel's one row tile: fp16/bf16 only)
     nrt = _launch.cdiv(rows, rt)
     bk = tile_keys(dtype)
     smem = smem_bytes(dtype, dt, rt)
@@ -223,15 +255,21 @@ def plan(dtype, B, Hq, Hkv, Sq, Skv, D, causal=False, causal_offset=0, sm_count=
     # against 3104 two an SM, level at 4096 keys: half the concurrent K/V streams. The
     # launch then asks for over half an SM's shared memory (the kernel uses smem of it).
     # Measured for the 2-byte head_dim-128 tier only; the others keep their residency.
+    # Not for the paged kernel, whose copies wait longer (a page switch every 16-256 keys,
+    # the table lookups) and which a second resident block's copies cover: B64 x 4096
+    # keys, bf16, on an H200 (benchmarks/paged_decode.py --one-an-sm): 16-token pages 282 us
+    # one block an SM against 250 us two (the contiguous rung: 247 us one an SM),
+    # 128-token pages 257 against 249.
     launch_smem = smem
-    if dtype != "float32" and dt == 128 and blocks_per_sm > 1 and blocks > blocks_per_sm * sm_count:
+    if (not paged and dtype != "float32" and dt == 128 and blocks_per_sm > 1
+            and blocks > blocks_per_sm * sm_count):
         launch_smem = max(smem, smem_per_sm // 2)
     nrows = B * Hq * Sq
     merge_blocks = _launch.cdiv(nrows, MERGE_ROWS)
     if merge_blocks > _MAX_GRID_X:
         raise ValueError(f"attention decode: {nrows} query rows exceed the merge grid limit")
     return DecodePlan(
-        name=_name(dtype, dt, rt), merge_name=_merge_name(dtype), dt=dt, rt=rt, nrt=nrt,
+        name=(_paged_name if paged else _name)(dtype, dt, rt), merge_name=_merge_name(dtype), dt=dt, rt=rt, nrt=nrt,
         stages=STAGES[dt], bk=bk, kv=kv, splits=S, chunk=chunk, grid=(max(1, blocks), 1, 1),
         block=(THREADS, 1, 1), smem=smem, launch_smem=launch_smem, blocks_per_sm=blocks_per_sm,
         work_o=nrows * S * D if S > 1 else 0, work_lse=nrows * S if S > 1 else 0,
@@ -298,3 +336,107 @@ def launches(p):
         out.append((KERNELS.function(pl.merge_name), pl.merge_grid, pl.merge_block, 0,
                     args + (work_o, work_lse, i32(pl.splits))))
     return out, work
+
+
+# ------------------------------------------------------------------ the paged cache
+@dataclasses.dataclass
+class PagedProblem:
+    """One checked attention_paged launch: ``problem`` holds Q, O, LSE and the options as
+    any attention launch (kernels/attention_common.cuh), with K / V the caches, their
+    (page, slot, head) element strides in place of (batch, seq, head), Skv the table's
+    capacity (max_pages * page_size) and causal_offset unused (each sequence's offset is
+    its length - q_len, on the GPU); the rest is what the paged kernel adds."""
+
+    problem: object  # AttentionProblem
+    block_table: object  # int32 [B, max_pages], unit column stride
+    bt_stride: int  # its row stride, in elements
+    seq_lens: object  # int32 [B], contiguous
+    page_shift: int  # page_size = 1 << page_shift
+    num_pages: int
+
+
+def paged_supports(p):
+    """None when the paged kernel can run ``p`` (its AttentionProblem), else the reason,
+    naming the argument."""
+    if p.dtype not in PAGED_DTYPES:
+        return f"q: attention_paged supports {', '.join(PAGED_DTYPES)}, got {p.dtype}"
+    if not 1 <= p.Sq <= MAX_Q_LEN:
+        return f"q: q_len must be in 1..{MAX_Q_LEN}, got {p.Sq}"
+    if not 1 <= p.D <= MAX_HEAD_DIM:
+        return f"q: head_dim must be in 1..{MAX_HEAD_DIM}, got {p.D}"
+    dt = head_dim_tier(p.D)
+    return _launch.smem_reason(smem_bytes(p.dtype, dt, MMA_ROW_TILE), f"q: head_dim {p.D} (the head_dim-{dt} tier)")
+
+
+_PAGED_PLANS = {}
+
+
+def paged_launches(pp):
+    """launches() for a PagedProblem: the paged split kernel (its arguments: ATTN_PARAMS,
+    the workspace, the split layout, then the table, its row stride, the lengths, the page
+    shift and the page count) and, for more than one split, the same merge kernel."""
+    p = pp.problem
+    props = _launch.device_props()
+    pl = _launch.memo(_PAGED_PLANS, (p.shape_key(), props.sm_count),
+                      lambda: plan(p.dtype, p.B, p.Hq, p.Hkv, p.Sq, p.Skv, p.D, sm_count=props.sm_count,
+                                   smem_per_sm=props.smem_per_sm, paged=True))
+    fn = KERNELS.function(pl.name)
+    _launch.request_smem(fn, pl.launch_smem, props, "attention_paged")
+    args = p.args()
+    i32, i64 = np.int32, np.int64
+    if pl.splits > 1:
+        work_o, work_lse, work = _fast.Work(0), _fast.Work(1), (4 * pl.work_o, 4 * pl.work_lse)
+    else:
+        work_o = work_lse = _arrays.NULL_PTR
+        work = ()
+    paged = (pp.block_table, i64(pp.bt_stride), pp.seq_lens, i32(pp.page_shift), i32(pp.num_pages))
+    out = [(fn, pl.grid, pl.block, pl.launch_smem,
+            args + (work_o, work_lse, i32(pl.splits), i32(pl.chunk), i32(pl.nrt)) + paged)]
+    if pl.splits > 1:
+        out.append((KERNELS.function(pl.merge_name), pl.merge_grid, pl.merge_block, 0,
+                    args + (work_o, work_lse, i32(pl.splits))))
+    return out, work
+
+
+def launch_paged(pp):
+    """Run attention_paged's kernels for ``pp`` on CuPy's current stream."""
+    _fast.launch_checked(*paged_launches(pp))
+
+
+def _chunk_grid(items, itemsize, D):
+    """Blocks of THREADS threads, one thread a 16-byte chunk of each of ``items`` rows of D
+    elements (kv_cache_append, attention_merge_states)."""
+    chunks = items * _launch.cdiv(D, 16 // itemsize)
+    blocks = _launch.cdiv(chunks, THREADS)
+    if blocks > _MAX_GRID_X:
+        raise ValueError(f"{items} rows of head_dim {D} exceed the grid limit ({blocks} blocks)")
+    return (max(1, blocks), 1, 1)
+
+
+def append_launches(dtype, k_cache, v_cache, k, v, block_table, positions, dims, strides, page_shift):
+    """kv_cache_append's launch: ``dims`` (B, n_new, Hkv, D, num_pages, max_pages),
+    ``strides`` the element strides (k_cache's and v_cache's (page, slot, head), k's and
+    v's (batch, token, head), block_table's row stride)."""
+    B, N, H, D, num_pages, max_pages = dims
+    i32, i64 = np.int32, np.int64
+    grid = _chunk_grid(B * N * H, _dtypes.itemsize(dtype), D)
+    args = (k_cache, v_cache, k, v, block_table, positions, i32(B), i32(N), i32(H), i32(D),
+            *(i64(s) for s in strides), i32(page_shift), i32(num_pages), i32(max_pages))
+    return [(KERNELS.function(_append_name(dtype)), grid, (THREADS, 1, 1), 0, args)], ()
+
+
+def merge_states_lse_offset(rows, D, itemsize):
+    """Byte offset of the LSE in attention_merge_states' output buffer (after o, on a
+    16-byte boundary)."""
+    return _launch.cdiv(rows * D * itemsize, 16) * 16
+
+
+def merge_states_launches(dtype, o_a, lse_a, o_b, lse_b, out, T, H, D, strides):
+    """attention_merge_states' launch: ``out`` the uint8 buffer of o then LSE, ``strides``
+    (o_a's, o_b's, lse_a's, lse_b's (token, head) element strides)."""
+    i32, i64 = np.int32, np.int64
+    rows = T * H
+    grid = _chunk_grid(rows, _dtypes.itemsize(dtype), D)
+    args = (o_a, lse_a, o_b, lse_b, out, i64(merge_states_lse_offset(rows, D, _dtypes.itemsize(dtype))),
+            i64(rows), i32(H), i32(D), *(i64(s) for s in strides))
+    return [(KERNELS.function(_merge_states_name(dtype)), grid, (THREADS, 1, 1), 0, args)], ()
