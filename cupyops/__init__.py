@@ -14,6 +14,7 @@ from .ops.norm import add_rms_norm, layer_norm, rms_norm
 from .ops.paged import attention_paged, kv_cache_append, merge_attention_states
 from .ops.reduce import max, sum, trace  # noqa: A004 - NumPy's names
 from .ops.rope import rope
+from .ops.sampling import sample
 from .ops.softmax import softmax
 from . import reference
 
@@ -39,6 +40,7 @@ __all__ = [
     "reference",
     "rms_norm",
     "rope",
+    "sample",
     "scaled_matmul",
     "silu_and_mul",
     "softmax",

@@ -391,3 +391,8 @@ TOLERANCE = {
     # ~3e-4), bfloat16 its (~2.3e-3).
     "scaled_matmul": {"float32": 2e-3, "float16": 3e-3, "bfloat16": 1e-2},
 }
+
+
+# sampling (cupyops.sample): the Philox uniforms, the draw and the boundary-tolerant check,
+# in their own module for their length
+from ._sampling_reference import philox4x32_10, sample, sample_accepts, sample_uniforms  # noqa: E402,F401

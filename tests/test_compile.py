@@ -57,7 +57,7 @@ def test_no_warnings(compiled):
 
 @pytest.mark.parametrize("dtype", _dtypes.FLOAT_TYPES)
 @pytest.mark.parametrize("op", ["softmax", "layer_norm", "rms_norm", "silu_and_mul", "gelu_and_mul",
-                                "add_rms_norm", "rope"])
+                                "add_rms_norm", "rope", "sample"])
 def test_float_ops_instantiate_every_float_dtype(op, dtype):
     exprs = " ".join(ne for kf in kernel_files(op) for ne in kf.name_expressions)
     assert _dtypes.cuda_type(dtype) in exprs

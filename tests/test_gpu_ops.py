@@ -771,9 +771,9 @@ def test_softmax_huge_magnitudes_are_nearly_one_hot(op, impl, dtype, n):
 
 
 # ---------------------------------------------------------------------------- API behaviour
-# (the others: test_gpu_gemm.py, test_gpu_attention.py, test_gpu_fused.py)
+# (the others: test_gpu_gemm.py, test_gpu_attention.py, test_gpu_fused.py, test_gpu_sampling.py)
 @pytest.mark.parametrize("op", [op for op in cupyops.OPS if op not in (
-    "matmul", "gemm", "attention", "silu_and_mul", "gelu_and_mul", "add_rms_norm", "rope")])
+    "matmul", "gemm", "attention", "silu_and_mul", "gelu_and_mul", "add_rms_norm", "rope", "sample")])
 def test_numpy_in_numpy_out_and_cupy_in_cupy_out(op):
     rng = np.random.default_rng()
     for mode in ("numpy", "cupy"):

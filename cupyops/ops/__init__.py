@@ -1,6 +1,6 @@
 """The operators. Each family module owns its kernel file(s), its variant table
 (public ``impl=`` names -> one line on what the rung adds) and its launchers."""
-from . import activation, attention, fp8, gemm, norm, reduce, rope, softmax
+from . import activation, attention, fp8, gemm, norm, reduce, rope, sampling, softmax
 
 # The operator ladders (textbook rung to hardware limit, on every GPU the project targets).
 _LADDERS = {
@@ -18,6 +18,7 @@ _LADDERS = {
     "gelu_and_mul": activation,
     "add_rms_norm": norm,
     "rope": rope,
+    "sample": sampling,
 }
 # Registered for variants(), kernel_files() and warmup(), but kept out of OPS: OPS is what
 # the generic sweeps walk (every op a ladder of at least two rungs; the GPU tier's
