@@ -1,0 +1,1 @@
+"""Small model runners on cupyops operators (``cupyops.models.llama``)."""

@@ -1,0 +1,128 @@
+"""GPU tier: cupyops.models.llama against Hugging Face transformers on the same random
+weights (a LlamaForCausalLM built from a small config, saved with save_pretrained, loaded
+by both): prefill logits, 32 greedy decode steps over the paged KV cache, a batch of
+prompts of different lengths, page sizes 16 and 128. Skipped where transformers or a GPU
+is absent."""
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from cupyops.models import llama  # noqa: E402
+
+CONFIGS = {
+    # the issue's small config: 4 layers, hidden 1024, 16 query / 4 KV heads of 64
+    "d64": dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, head_dim=64),
+    # and one with head_dim 128 (8 query / 2 KV heads), with Llama 3's rope scaling
+    "d128": dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                 rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                 rope_theta=500000.0),
+}
+PROMPT_LENS = (5, 17, 64, 33)  # four prompts of different lengths, one batch
+STEPS = 32
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def checkpoint(request, tmp_path_factory):
+    """(the HF model on the GPU in bfloat16, its directory): random weights, a larger init
+    than the default so that the logits are far from ties (greedy tokens must agree)."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=2048, intermediate_size=2816, num_hidden_layers=4,
+                                   max_position_embeddings=512, initializer_range=0.06, rms_norm_eps=1e-5,
+                                   torch_dtype="bfloat16", **CONFIGS[request.param])
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    path = tmp_path_factory.mktemp(f"llama_{request.param}")
+    model.save_pretrained(path, safe_serialization=True)
+    return model.cuda().eval(), str(path)
+
+
+def _prompts(n_vocab):
+    rs = np.random.RandomState(1)
+    return [list(rs.randint(0, n_vocab, size=n)) for n in PROMPT_LENS]
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("page_size", [16, 128])
+def test_prefill_logits_match_transformers(checkpoint, page_size):
+    hf, path = checkpoint
+    model = llama.Llama.from_pretrained(path)
+    prompts = _prompts(hf.config.vocab_size)
+    cache = model.new_cache(sum(PROMPT_LENS), page_size)
+    ours = model.prefill(prompts, cache, all_logits=True)
+    ours = torch.from_dlpack(ours).float().cpu().numpy()
+    at = 0
+    for p in prompts:
+        with torch.no_grad():
+            ref = hf(torch.tensor([p], device="cuda")).logits[0].float().cpu().numpy()
+        got = ours[at:at + len(p)]
+        at += len(p)
+        # bf16 weights and activations through 4 layers: both sides round differently
+        # (fused norms, GEMM orders); 2 % of the logits' norm is bf16-level agreement
+        assert np.isfinite(got).all()
+        assert _rel(got, ref) < 2e-2, (len(p), _rel(got, ref))
+        assert (got.argmax(-1) == ref.argmax(-1)).mean() > 0.95
+
+
+@pytest.mark.parametrize("page_size", [16, 128])
+def test_greedy_decode_matches_transformers(checkpoint, page_size):
+    hf, path = checkpoint
+    model = llama.Llama.from_pretrained(path)
+    prompts = _prompts(hf.config.vocab_size)
+    ours = model.generate(prompts, STEPS, page_size=page_size)
+    for p, got in zip(prompts, ours):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=STEPS, do_sample=False,
+                              min_new_tokens=STEPS, pad_token_id=0)[0, len(p):].tolist()
+        assert got == ref, (len(p), got, ref)
+
+
+def test_decode_logits_match_transformers_step_by_step(checkpoint):
+    # teacher-forced: each step's logits against transformers' on the same prefix
+    hf, path = checkpoint
+    model = llama.Llama.from_pretrained(path)
+    prompts = _prompts(hf.config.vocab_size)[:2]
+    cache = model.new_cache(200, 16)
+    logits = model.prefill(prompts, cache)
+    seqs = [list(p) for p in prompts]
+    for _ in range(8):
+        with torch.no_grad():
+            refs = [hf(torch.tensor([s], device="cuda")).logits[0, -1].float().cpu().numpy() for s in seqs]
+        got = torch.from_dlpack(logits).float().cpu().numpy()
+        for g, r in zip(got, refs):
+            assert _rel(g, r) < 2e-2
+        nxt = [int(r.argmax()) for r in refs]
+        for s, t in zip(seqs, nxt):
+            s.append(t)
+        logits = model.decode(nxt, cache)
+
+
+def test_sampled_generation_is_reproducible_and_in_vocab(checkpoint):
+    hf, path = checkpoint
+    model = llama.Llama.from_pretrained(path)
+    prompts = _prompts(hf.config.vocab_size)[:2]
+    a = model.generate(prompts, 8, temperature=0.8, top_k=50, top_p=0.9, seed=123)
+    b = model.generate(prompts, 8, temperature=0.8, top_k=50, top_p=0.9, seed=123)
+    assert a == b
+    assert all(0 <= t < hf.config.vocab_size for seq in a for t in seq)
+
+
+def test_rope_tables_match_transformers(checkpoint):
+    hf, path = checkpoint
+    model = llama.Llama.from_pretrained(path)
+    pos = torch.arange(300, device="cuda")[None]
+    x = torch.zeros(1, 300, 8, device="cuda")
+    cos, sin = hf.model.rotary_emb(x, pos)
+    ours = torch.from_dlpack(model._rope[:300]).float()
+    half = model.cfg.head_dim // 2
+    # (inverse frequencies here in float64 rounded once, there in float32 arithmetic: an ulp
+    # apart, times positions up to 300)
+    torch.testing.assert_close(ours[:, :half], cos[0, :, :half].float(), rtol=0, atol=1e-4)
+    torch.testing.assert_close(ours[:, half:], sin[0, :, :half].float(), rtol=0, atol=1e-4)
