@@ -18,6 +18,16 @@ def test_config_defaults_follow_transformers():
     assert llama.LlamaConfig.from_dict({**BASE, "num_key_value_heads": 1, "head_dim": 32}).head_dim == 32
 
 
+def test_config_reads_transformers_5_rope_parameters():
+    # transformers 5 writes rope_theta and the scaling together as rope_parameters
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+    cfg = llama.LlamaConfig.from_dict({**BASE, "rope_parameters": scaling})
+    assert cfg.rope_theta == 500000.0 and cfg.rope_scaling["rope_type"] == "llama3"
+    plain = llama.LlamaConfig.from_dict({**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
+    assert plain.rope_theta == 1e6 and plain.rope_scaling is None
+
+
 @pytest.mark.parametrize("extra, match", [
     ({"attention_bias": True}, "attention_bias"),
     ({"hidden_act": "gelu"}, "hidden_act"),

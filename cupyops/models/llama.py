@@ -72,7 +72,12 @@ class LlamaConfig:
             raise ValueError(f"config: hidden_act {act!r} is not supported (Llama uses 'silu')")
         if d.get("sliding_window"):
             raise ValueError("config: sliding_window attention is not supported yet")
+        # (transformers 5 writes rope_theta and the scaling together as rope_parameters)
+        params = d.get("rope_parameters") or {}
+        theta = d.get("rope_theta", params.get("rope_theta", 10000.0))
         scaling = d.get("rope_scaling")
+        if scaling is None and params.get("rope_type", params.get("type", "default")) != "default":
+            scaling = params
         if scaling is not None:
             kind = scaling.get("rope_type", scaling.get("type"))
             if kind not in ("llama3", "linear", "default"):
@@ -87,7 +92,7 @@ class LlamaConfig:
             num_hidden_layers=d["num_hidden_layers"], num_attention_heads=heads,
             num_key_value_heads=d.get("num_key_value_heads") or heads,
             head_dim=d.get("head_dim") or d["hidden_size"] // heads, rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(d.get("rope_theta", 10000.0)), rope_scaling=scaling,
+            rope_theta=float(theta), rope_scaling=scaling,
             max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), dtype=dtype)
 
