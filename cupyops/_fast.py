@@ -199,6 +199,10 @@ def launch_checked(launches, work=()):
     ``Work`` pieces of sizes ``work`` in bytes drawn from CuPy's current allocator) through
     CuPy, on its current stream."""
     if work:
+        if _cupy_alloc is None:  # (a launcher called before any operator loaded CuPy)
+            from . import _arrays
+
+            _arrays.cupy_module()
         offsets, total = _offsets(work)
         buf = _cupy_alloc(total)  # (held until every launch is queued)
         at = [np.uint64(buf.ptr + off) for off in offsets]

@@ -390,7 +390,7 @@ def test_warmup_compiles_every_kernel_file():
     gemm = ["gemm_simt.cu", "gemm_mma.cu", *(["gemm_wgmma.cu"] if hopper else []), "gemm_skinny.cu"]
     fp8 = ["quantize.cu", *(["gemm_fp8.cu"] if hopper else [])]
     assert sorted(cupyops.warmup()) == sorted([*gemm, *fp8, "norm.cu", "reduce.cu", "softmax.cu", *attention,
-                                               "activation.cu", "rope.cu"])
+                                               "activation.cu", "rope.cu", "sampling.cu"])
     assert cupyops.warmup("attention") == attention
     assert cupyops.warmup("matmul") == gemm
     assert cupyops.warmup("scaled_matmul") == fp8
