@@ -22,6 +22,11 @@ except ImportError:  # numpy < 1.25
 NULL_PTR = np.uint64(0)
 
 
+def arg_or_null(a):
+    """A kernel argument for an optional array: the array, or a null pointer for None."""
+    return NULL_PTR if a is None else a
+
+
 def is_cupy(a):
     # Looking at the type's module avoids importing CuPy (slow) in the host-only path.
     return type(a).__module__.startswith("cupy")
@@ -255,6 +260,20 @@ def tickets(n):
 
 
 # ------------------------------------------------------------------ two-output operators
+def finish_pair(packed, call, results, targets):
+    """The end of a two-result operator (add_rms_norm, rope): CuPy in (``call`` None), the
+    packed device result; NumPy in, its two device ``results`` copied back into
+    ``targets`` (the caller's arrays for inplace, or the out= pair) and None, or, where
+    there are no targets, the packed result brought back whole."""
+    if call is None:
+        return packed
+    if targets is not None:
+        for r, t in zip(results, targets):
+            finish(r, t, call)
+        return None
+    return finish(packed, None, call)
+
+
 def out_pair(out, names):
     """``out=`` of an operator with two results: None, or a pair of arrays, returned as two
     values (which the operator then takes as two arguments, so that foreign arrays in the

@@ -151,8 +151,7 @@ def rms_norm(x, weight=None, eps=1e-6, *, out=None, impl="auto"):
     return _arrays.finish(y, out, call)
 
 
-def _p(a):
-    return _arrays.NULL_PTR if a is None else a
+_p = _arrays.arg_or_null
 
 
 def _norm_rows(op, impl, dt, xd, wd, bd, y, mean, rstd, rows, n, eps, remember=False):
@@ -266,14 +265,5 @@ def _add_rms_norm(x, residual, weight, eps, inplace, impl, out0, out1):
             _FAST["add_rms_norm"].offer(lambda: _fast.build(plan.fast_variants(rows, n, xd.itemsize, args), inputs,
                                                             result))
             return result
-    if call is None:
-        return packed
-    if inplace:  # NumPy in: the results go back into the caller's arrays
-        _arrays.finish(xd, x, call)
-        _arrays.finish(rd, residual, call)
-        return None
-    if out0 is not None:
-        _arrays.finish(y, out0, call)
-        _arrays.finish(s, out1, call)
-        return None
-    return _arrays.finish(packed, None, call)
+    targets = (x, residual) if inplace else (out0, out1) if out0 is not None else None
+    return _arrays.finish_pair(packed, call, (xd, rd) if inplace else (y, s), targets)

@@ -129,12 +129,7 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, causal=True, 
     if Hq % Hkv:
         raise ValueError(f"k_cache: kv_heads ({Hkv}) must divide q_heads ({Hq}): each kv head serves "
                          "q_heads // kv_heads query heads")
-    block_table = _int_array(block_table, "block_table", q, 2)
-    if block_table.shape[0] != B:
-        raise ValueError(f"block_table: expected {B} rows (q's batch), got shape {tuple(block_table.shape)}")
-    seq_lens = _int_array(seq_lens, "seq_lens", q, 1)
-    if tuple(seq_lens.shape) != (B,):
-        raise ValueError(f"seq_lens: expected shape ({B},) (q's batch), got {tuple(seq_lens.shape)}")
+    block_table, seq_lens = _per_sequence(block_table, seq_lens, "seq_lens", q, "q", B)
     max_pages = block_table.shape[1]
     capacity = _capacity(max_pages, P)
     causal = _flag(causal, "causal")
@@ -237,12 +232,7 @@ def _kv_cache_append(k_cache, v_cache, k, v, block_table, positions):
         raise TypeError(f"v: dtype {_dtypes.dtype_name(v.dtype)} does not match k's {dt}")
     if tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
-    block_table = _int_array(block_table, "block_table", k, 2)
-    if block_table.shape[0] != B:
-        raise ValueError(f"block_table: expected {B} rows (k's batch), got shape {tuple(block_table.shape)}")
-    positions = _int_array(positions, "positions", k, 1)
-    if tuple(positions.shape) != (B,):
-        raise ValueError(f"positions: expected shape ({B},) (k's batch), got {tuple(positions.shape)}")
+    block_table, positions = _per_sequence(block_table, positions, "positions", k, "k", B)
     max_pages = block_table.shape[1]
     _capacity(max_pages, P)
     host = not _arrays.is_cupy(k)
@@ -398,6 +388,19 @@ def _caches(k_cache, v_cache, like, like_name, D, written=False):
         if written and not _arrays.is_cupy(x) and not x.flags.writeable:
             raise ValueError(f"{name}: must be writeable (tokens are written into it)")
     return k_cache, v_cache, num_pages, P, Hkv
+
+
+def _per_sequence(block_table, values, name, like, like_name, B):
+    """block_table (int32 [B, max_pages]) and ``values`` (int32 [B]: seq_lens, positions),
+    checked against ``like``'s batch B: a row and a value a sequence."""
+    block_table = _int_array(block_table, "block_table", like, 2)
+    if block_table.shape[0] != B:
+        raise ValueError(f"block_table: expected {B} rows ({like_name}'s batch), got shape "
+                         f"{tuple(block_table.shape)}")
+    values = _int_array(values, name, like, 1)
+    if tuple(values.shape) != (B,):
+        raise ValueError(f"{name}: expected shape ({B},) ({like_name}'s batch), got {tuple(values.shape)}")
+    return block_table, values
 
 
 def _int_array(x, name, like, ndim):

@@ -247,21 +247,11 @@ def _rope(q, k, positions, cos_sin_cache, rotary_dim, base, style, inplace, impl
             result = packed if packed is not None else cp.empty((0,), q.dtype)
             _FAST.offer(lambda: _fast.build(plan.launches(args, layout_ok), (qd, kd, pd, cd), result))
             return result
-    if call is None:
-        return packed
-    if inplace:  # NumPy in: the results go back into the caller's arrays
-        _arrays.finish(qd, q, call)
-        _arrays.finish(kd, k, call)
-        return None
-    if out0 is not None:
-        _arrays.finish(qo, out0, call)
-        _arrays.finish(ko, out1, call)
-        return None
-    return _arrays.finish(packed, None, call)
+    targets = (q, k) if inplace else (out0, out1) if out0 is not None else None
+    return _arrays.finish_pair(packed, call, (qd, kd) if inplace else (qo, ko), targets)
 
 
-def _p(a):
-    return _arrays.NULL_PTR if a is None else a
+_p = _arrays.arg_or_null
 
 
 class RopePlan:
