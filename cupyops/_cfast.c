@@ -138,14 +138,18 @@ static int read_launch(PyObject *item, Launch *L) {
         }
     }
     Py_DECREF(seq);
+    ok = 1;
     L->launch = (launch_fn)(uintptr_t)launch;
     L->func = (void *)(uintptr_t)head[0];
     for (int i = 0; i < 7; i++) L->geom[i] = (unsigned)head[i + 1];
     L->params = (void **)(uintptr_t)params;
     L->slots = (uint64_t *)(uintptr_t)slots;
     L->n_slots = n_slots;
-    ok = 1;
 done:
+    if (!ok) { /* (the Replay frees only the launches it counted) */
+        PyMem_Free(L->pick);
+        L->pick = NULL;
+    }
     Py_DECREF(desc);
     return ok ? 0 : -1;
 }
@@ -385,8 +389,12 @@ static PyObject *Replay_cupy(Replay *r, PyObject *arrays) {
        its blocks, replayed on whatever stream, after the call (NOTES 78) */
     int keep = !capturing(stream);
     if (keep && r->kept_stream != stream) { /* blocks kept for another stream are not this one's */
-        Py_CLEAR(r->kept_y); Py_CLEAR(r->kept_block); Py_CLEAR(r->kept_mem); Py_CLEAR(r->kept_work);
+        /* the fields first, then the releases: releasing may run Python (CuPy's pool) and let
+           another thread in, which must find the Replay consistent */
+        PyObject *old[4] = {r->kept_y, r->kept_block, r->kept_mem, r->kept_work};
+        r->kept_y = r->kept_block = r->kept_mem = r->kept_work = NULL;
         r->kept_stream = stream;
+        for (int i = 0; i < 4; i++) Py_XDECREF(old[i]);
     }
     PyObject *y = keep ? take_kept_array(r) : NULL;
     if (y) {
@@ -607,9 +615,11 @@ static PyObject *Finder_call(Finder *f, PyObject *callargs, PyObject *callkw) {
         Py_DECREF(dev);
         if (!key) goto miss;
     }
-    fast = PyDict_GetItemWithError(f->table, key); /* borrowed */
+    fast = PyDict_GetItemWithError(f->table, key); /* borrowed: held across the call below */
     if (!fast) goto miss;
+    Py_INCREF(fast);
     out = PyObject_CallMethodOneArg(fast, f->torch ? s_torch : s_cupy, PyTuple_GET_ITEM(found, 1));
+    Py_DECREF(fast);
     Py_DECREF(key);
     Py_DECREF(found);
     return out; /* a launch's error is the caller's to see */

@@ -172,6 +172,20 @@ def placement(a, b):
     return (b.data.ptr - a.data.ptr) if type(a) is CUPY_ARRAY else (b.data_ptr() - a.data_ptr())
 
 
+def apart(arrays, others):
+    """Whether every array of ``arrays`` (None entries skipped) lies apart from every one of
+    ``others``: their byte ranges do not meet."""
+    spans = [_span(b) for b in others if b is not None]
+    for a in arrays:
+        if a is None:
+            continue
+        lo, hi = _span(a)
+        for lo_b, hi_b in spans:
+            if lo < hi_b and lo_b < hi:
+                return False
+    return True
+
+
 class Work:
     """Stands for piece ``index`` of a launch list's workspace in a kernel's arguments."""
 

@@ -449,3 +449,13 @@ def test_placement_tells_apart_interleaved_and_shared_memory(fake):
     assert _fast.placement(t1, t3) == 4
     with pytest.raises(_fast.Unfit):
         _fast.placement(q, np.zeros(3))
+
+
+def test_apart_compares_byte_ranges(fake):
+    # kv_cache_append's fast key takes only calls whose inputs lie apart from the caches
+    cache = FakeArray((4, 16, 2, 8), np.float32, ptr=0x100000)
+    inside = FakeArray((2, 1, 2, 8), np.float32, ptr=0x100000 + 64)  # a view into the cache
+    after = FakeArray((2, 1, 2, 8), np.float32, ptr=0x100000 + cache.strides[0] * 4)  # right after it
+    assert not _fast.apart((inside,), (cache,))
+    assert _fast.apart((after, None), (cache, None))
+    assert not _fast.apart((after, inside), (cache,))

@@ -82,6 +82,9 @@ Q, KC, VC, TABLE, LENS = case()
      r"^out: expected dtype float16"),
     (lambda: cupyops.attention_paged(Q, KC, VC, np.zeros((2, 2**27), I32), LENS), ValueError,
      r"^block_table: 134217728 pages of 16 tokens exceed"),
+    # int32 key counts with the kernels' look-ahead headroom: 2^31 - 16 keys is too many too
+    (lambda: cupyops.attention_paged(Q, KC, VC, np.zeros((2, 2**27 - 1), I32), LENS), ValueError,
+     r"^block_table: 134217727 pages of 16 tokens exceed 2147482623"),
 ])
 def test_attention_paged_argument_errors(call, exc, match):
     with pytest.raises(exc, match=match):

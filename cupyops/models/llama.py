@@ -33,6 +33,7 @@ torch nor the safetensors package (whose NumPy reader has no bfloat16).
 import dataclasses
 import glob
 import json
+import numbers
 import os
 import struct
 
@@ -279,6 +280,7 @@ class Llama:
         lens = [len(p) for p in prompts]
         if not lens or min(lens) < 1:
             raise ValueError("prompts: one or more non-empty lists of token ids")
+        self._check_positions(max(lens))
         first = len(cache.pages)
         cache.add_sequences(len(prompts))
         for i, n in enumerate(lens):
@@ -314,6 +316,7 @@ class Llama:
         seqs = list(range(len(cache.pages))) if seqs is None else list(seqs)
         if len(tokens) != len(seqs):
             raise ValueError(f"tokens: one per sequence ({len(seqs)}), got {len(tokens)}")
+        self._check_positions(max(cache.lens[s] for s in seqs) + 1)
         for s in seqs:
             cache.reserve(s, 1)
         table = cache.block_table()[cp.asarray(np.asarray(seqs, np.int64))]
@@ -334,6 +337,13 @@ class Llama:
             cache.lens[s] += 1
         return self._logits(h)
 
+    def _check_positions(self, n):
+        """Sequences of up to ``n`` tokens have rope angles: the cos/sin table covers
+        max_position_embeddings positions (past it rope would give NaN)."""
+        if n > self._rope.shape[0]:
+            raise ValueError(f"a sequence of {n} tokens is longer than the model's max_position_embeddings "
+                             f"({self._rope.shape[0]})")
+
     def new_cache(self, max_tokens, page_size=16):
         """A PagedKVCache with room for ``max_tokens`` tokens in all (whole pages)."""
         return PagedKVCache(self.cfg, -(-max_tokens // page_size) + 8, page_size)
@@ -343,7 +353,10 @@ class Llama:
         """Greedy (temperature 0) or sampled continuations of ``prompts`` (lists of token
         ids): a list of ``max_new_tokens`` new ids per prompt (fewer where ``eos_token_id``
         came first; that id included). Sampling is ``cupyops.sample`` with ``seed`` (a
-        step's seed is ``seed + step``, so a run is reproducible)."""
+        step's seed is ``seed + step``, so a run is reproducible). ``eos_token_id``: an id or
+        a collection of ids (Llama 3 configs give several)."""
+        stop = set() if eos_token_id is None else (
+            {int(eos_token_id)} if isinstance(eos_token_id, numbers.Integral) else {int(t) for t in eos_token_id})
         total = sum(len(p) + max_new_tokens for p in prompts)
         cache = self.new_cache(total + len(prompts) * page_size, page_size)
         logits = self.prefill(prompts, cache)
@@ -354,7 +367,7 @@ class Llama:
             tok = [int(t) for t in _arrays.cupy_module().asnumpy(tok)]
             for s, t in zip(live, tok):
                 out[s].append(t)
-            live_tok = [(s, t) for s, t in zip(live, tok) if t != eos_token_id]
+            live_tok = [(s, t) for s, t in zip(live, tok) if t not in stop]
             if not live_tok or step + 1 == max_new_tokens:
                 break
             live = [s for s, _ in live_tok]

@@ -61,8 +61,14 @@ def _fast_spec_paged(sig, q, k_cache, v_cache, block_table, seq_lens, *, causal=
 
 
 def _fast_spec_append(sig, k_cache, v_cache, k, v, block_table, positions):
+    """kv_cache_append's fast-path signature: the layouts, where the two caches lie against
+    each other (the halves of one buffer are fine; the checked path settled that layout),
+    and only calls whose other arrays lie apart from both caches (the checked path refuses
+    an overlap: a remembered call must not let one past)."""
     arrays = (k_cache, v_cache, k, v, block_table, positions)
-    return tuple(sig(a) for a in arrays), arrays
+    if not _fast.apart((k, v, block_table, positions), (k_cache, v_cache)):
+        return None
+    return tuple(sig(a) for a in arrays) + (_fast.placement(k_cache, v_cache),), arrays
 
 
 def _fast_spec_merge(sig, o_a, lse_a, o_b, lse_b):
@@ -207,7 +213,7 @@ def kv_cache_append(k_cache, v_cache, k, v, block_table, positions):
     GPU-resident positions and table entries are used unchecked (no synchronisation): a
     token whose position falls outside [0, max_pages * page_size), or whose page entry is
     outside [0, num_pages), is not written; nothing is written out of bounds. Two tokens
-    mapped to one slot leave one of them. NumPy positions / block_table (a host call) are
+    mapped to one slot leave an unspecified mix of them. NumPy positions / block_table (a host call) are
     checked and raise ValueError instead, as does an array sharing memory with a cache.
     k_cache and v_cache may be the two halves of one buffer, but must not share
     elements."""
@@ -413,10 +419,16 @@ def _int_array(x, name, like, ndim):
     return x
 
 
+# The kernels count keys in int32, and look a few tiles past a sequence's end (a page
+# look-ahead of up to 2 tiles and a group of 64 keys): the capacity leaves that headroom.
+_KEY_HEADROOM = 1024
+
+
 def _capacity(max_pages, P):
     capacity = max_pages * P
-    if capacity > _INT32_MAX:
-        raise ValueError(f"block_table: {max_pages} pages of {P} tokens exceed {_INT32_MAX} tokens a sequence")
+    if capacity > _INT32_MAX - _KEY_HEADROOM:
+        raise ValueError(f"block_table: {max_pages} pages of {P} tokens exceed "
+                         f"{_INT32_MAX - _KEY_HEADROOM} tokens a sequence")
     return capacity
 
 
