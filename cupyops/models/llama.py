@@ -65,7 +65,6 @@ class LlamaConfig:
     def from_dict(cls, d):
         """From config.json's dict; refuses what this runner does not compute (biases in
         the projections, an activation other than SiLU, a rope scaling it does not know)."""
-        arch = d.get("architectures") or ["LlamaForCausalLM"]
         if d.get("attention_bias") or d.get("mlp_bias"):
             raise ValueError("config: attention_bias / mlp_bias are not supported (Llama has none)")
         act = d.get("hidden_act", "silu")
@@ -87,7 +86,6 @@ class LlamaConfig:
         dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
         if dtype not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"config: torch_dtype {dtype!r} is not supported")
-        del arch
         return cls(
             vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
             num_hidden_layers=d["num_hidden_layers"], num_attention_heads=heads,
@@ -319,7 +317,9 @@ class Llama:
         self._check_positions(max(cache.lens[s] for s in seqs) + 1)
         for s in seqs:
             cache.reserve(s, 1)
-        table = cache.block_table()[cp.asarray(np.asarray(seqs, np.int64))]
+        table = cache.block_table()
+        if seqs != list(range(len(cache.pages))):  # (all sequences in order: the table itself)
+            table = table[cp.asarray(np.asarray(seqs, np.int64))]
         pos_host = np.asarray([cache.lens[s] for s in seqs], np.int32)
         positions = cp.asarray(pos_host)
         seq_lens = cp.asarray(pos_host + 1)

@@ -231,13 +231,7 @@ def _kv_cache_append(k_cache, v_cache, k, v, block_table, positions):
     k_cache, v_cache, num_pages, P, Hkv = _caches(k_cache, v_cache, k, "k", D, written=True)
     if H != Hkv:
         raise ValueError(f"k: kv_heads {H} does not match k_cache's {Hkv}")
-    v = _arrays.as_input(v, "v")
-    if _arrays.is_cupy(v) != _arrays.is_cupy(k):
-        raise TypeError("v: must live where k does (both CuPy or both NumPy arrays)")
-    if _dtypes.dtype_name(v.dtype) != dt:
-        raise TypeError(f"v: dtype {_dtypes.dtype_name(v.dtype)} does not match k's {dt}")
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    v = _like(v, "v", k, "k", k.shape)
     block_table, positions = _per_sequence(block_table, positions, "positions", k, "k", B)
     max_pages = block_table.shape[1]
     _capacity(max_pages, P)
@@ -314,13 +308,7 @@ def _merge_packed(o_a, lse_a, o_b, lse_b):
     T, H, D = o_a.shape
     if D < 1:
         raise ValueError(f"o_a: head_dim (axis 2) must be at least 1, got shape {tuple(o_a.shape)}")
-    o_b = _arrays.as_input(o_b, "o_b")
-    if _arrays.is_cupy(o_b) != _arrays.is_cupy(o_a):
-        raise TypeError("o_b: must live where o_a does (both CuPy or both NumPy arrays)")
-    if _dtypes.dtype_name(o_b.dtype) != dt:
-        raise TypeError(f"o_b: dtype {_dtypes.dtype_name(o_b.dtype)} does not match o_a's {dt}")
-    if tuple(o_b.shape) != (T, H, D):
-        raise ValueError(f"o_b: expected o_a's shape {(T, H, D)}, got {tuple(o_b.shape)}")
+    o_b = _like(o_b, "o_b", o_a, "o_a", (T, H, D))
     lses = []
     for x, name in ((lse_a, "lse_a"), (lse_b, "lse_b")):
         x = _arrays.as_input(x, name)
@@ -362,17 +350,26 @@ def _strides2(x):
 
 
 # ------------------------------------------------------------------ shared checks
+def _like(x, name, like, like_name, shape=None):
+    """``x`` as an array that lives where ``like`` does and has its dtype, and ``shape``
+    where given (v against k, o_b against o_a, the caches against q or k)."""
+    x = _arrays.as_input(x, name)
+    if _arrays.is_cupy(x) != _arrays.is_cupy(like):
+        raise TypeError(f"{name}: must live where {like_name} does (both CuPy or both NumPy arrays)")
+    dt = _dtypes.dtype_name(like.dtype)
+    if _dtypes.dtype_name(x.dtype) != dt:
+        raise TypeError(f"{name}: dtype {_dtypes.dtype_name(x.dtype)} does not match {like_name}'s {dt}")
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected {like_name}'s shape {tuple(shape)}, got {tuple(x.shape)}")
+    return x
+
+
 def _caches(k_cache, v_cache, like, like_name, D, written=False):
     """k_cache and v_cache checked against ``like`` (q or k: residence, dtype, head_dim D):
     (k_cache, v_cache, num_pages, page_size, kv_heads)."""
-    dt = _dtypes.dtype_name(like.dtype)
     out = []
     for x, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-        x = _arrays.as_input(x, name)
-        if _arrays.is_cupy(x) != _arrays.is_cupy(like):
-            raise TypeError(f"{name}: must live where {like_name} does (both CuPy or both NumPy arrays)")
-        if _dtypes.dtype_name(x.dtype) != dt:
-            raise TypeError(f"{name}: dtype {_dtypes.dtype_name(x.dtype)} does not match {like_name}'s {dt}")
+        x = _like(x, name, like, like_name)
         _arrays.check_ndim(x, name, ndim=4)
         out.append(x)
     k_cache, v_cache = out
