@@ -83,7 +83,8 @@ def cupy_loaded(cupy):
 
     _stream_capturing = capturing
     if _cfast is not None:
-        _cfast.bind(cupy_type=CUPY_ARRAY, get_device=_get_device, is_capturing=_launch.stream_is_capturing_address())
+        _cfast.bind(cupy_type=CUPY_ARRAY, get_device=_get_device,
+                    is_capturing=_launch.libcuda_address("cuStreamIsCapturing"))
 
 
 def torch_loaded(torch):

@@ -299,7 +299,7 @@ class DirectLaunch:
             import cupy
 
             driver_launch = cupy.cuda.driver.launchKernel
-            driver_address = launch_kernel_address()
+            driver_address = libcuda_address("cuLaunchKernel")
         self.driver_address = driver_address
         self._fn, self._head = _head(fn, grid, block, smem)  # (the holder keeps the module loaded)
         pointers = sum(1 for a in args if a is ADDRESS)
@@ -332,21 +332,13 @@ class DirectLaunch:
 
 
 @functools.lru_cache(maxsize=None)
-def stream_is_capturing_address():
-    """cuStreamIsCapturing's C address (None where it cannot be found: the C replay then
-    cannot tell a capturing stream and keeps blocks as on any other)."""
+def libcuda_address(name):
+    """The C address of driver function ``name`` in the library CuPy uses (None where it
+    cannot be found). The C replay (cupyops/_cfast.c) calls cuLaunchKernel there (without
+    it the replay is not used) and cuStreamIsCapturing (without it the replay cannot tell a
+    capturing stream and keeps blocks as on any other)."""
     try:
-        return ctypes.cast(_libcuda().cuStreamIsCapturing, ctypes.c_void_p).value
-    except (OSError, AttributeError):
-        return None
-
-
-@functools.lru_cache(maxsize=None)
-def launch_kernel_address():
-    """cuLaunchKernel's C address in the driver library CuPy uses (None where it cannot be
-    found: the C replay is then not used)."""
-    try:
-        return ctypes.cast(_libcuda().cuLaunchKernel, ctypes.c_void_p).value
+        return ctypes.cast(getattr(_libcuda(), name), ctypes.c_void_p).value
     except (OSError, AttributeError):
         return None
 

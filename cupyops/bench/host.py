@@ -2,9 +2,10 @@
 loop's speed when each operator's GPU work is a few microseconds: cupyops on CuPy arrays,
 cupyops on torch tensors (the same memory), and PyTorch's eager equivalent on the same
 host (F.rms_norm, F.layer_norm, torch.softmax, torch.sum, torch.matmul,
-scaled_dot_product_attention, x + residual then F.rms_norm, F.silu(a) * b); and the time per call of the same calls replayed from a
-CUDA graph (cupyops captured by CuPy's stream capture, torch's by torch.cuda.graph), where
-no host work runs between them: what a decode loop captured once costs a call.
+scaled_dot_product_attention, x + residual then F.rms_norm, F.silu(a) * b); and the time
+per call of the same calls replayed from a CUDA graph (cupyops captured by CuPy's stream
+capture, torch's by torch.cuda.graph), where no host work runs between them: what a decode
+loop captured once costs a call.
 
 The sizes are one decode step of a Llama-3-8B-like layer: 8 sequences of one token,
 hidden 4096, bfloat16; attention over a 2048-token KV cache with 32 query and 8 KV heads
