@@ -459,22 +459,27 @@ static PyObject *Replay_torch(Replay *r, PyObject *tensors) {
         PyErr_SetString(PyExc_TypeError, "tensors: a tuple of the call's inputs");
         return NULL;
     }
-    PyObject *dev = PyObject_CallNoArgs(r->get_device);
+    PyObject *dev = PyObject_CallNoArgs(r->get_device); /* (held: torch's stream query takes it) */
     if (!dev) return NULL;
     long d = PyLong_AsLong(dev);
-    Py_DECREF(dev);
-    if (d == -1 && PyErr_Occurred()) return NULL;
-    if (d != r->device) Py_RETURN_NONE; /* the kernels belong to the current device's context */
+    if (d == -1 && PyErr_Occurred()) goto fail_dev;
+    if (d != r->device) { /* the kernels belong to the current device's context */
+        Py_DECREF(dev);
+        Py_RETURN_NONE;
+    }
     for (Py_ssize_t i = 0; i < r->n_inputs; i++) {
         PyObject *t = PySequence_Fast_GET_ITEM(tensors, i);
         if (t == Py_None) {
             addrs[i] = 0;
             continue;
         }
-        if (take_u64(PyObject_CallMethodNoArgs(t, s_data_ptr), &addrs[i])) return NULL;
+        if (take_u64(PyObject_CallMethodNoArgs(t, s_data_ptr), &addrs[i])) goto fail_dev;
     }
     LaunchList *list = pick_list(r, addrs);
-    if (!list) Py_RETURN_NONE;
+    if (!list) {
+        Py_DECREF(dev);
+        Py_RETURN_NONE;
+    }
     PyObject *first = PySequence_Fast_GET_ITEM(tensors, 0), *y;
     if (r->torch_form == 0)
         y = PyObject_CallOneArg(r->torch_make, first);
@@ -482,11 +487,12 @@ static PyObject *Replay_torch(Replay *r, PyObject *tensors) {
         y = PyObject_CallMethodOneArg(first, s_new_empty, r->shape);
     else
         y = PyObject_CallNoArgs(r->torch_make);
-    if (!y) return NULL;
+    if (!y) goto fail_dev;
     uint64_t stream, base = 0;
-    if (take_u64(PyObject_CallMethodNoArgs(y, s_data_ptr), &addrs[r->n_inputs]) ||
-        take_u64(PyObject_CallFunction(r->raw_stream, "l", r->device), &stream))
-        goto fail;
+    int no_stream = take_u64(PyObject_CallMethodNoArgs(y, s_data_ptr), &addrs[r->n_inputs]) ||
+                    take_u64(PyObject_CallOneArg(r->raw_stream, dev), &stream);
+    Py_CLEAR(dev);
+    if (no_stream) goto fail;
     if (r->work_bytes) {
         if (take_u64(PyObject_CallFunction(r->raw_alloc, "nK", r->work_bytes, (unsigned long long)stream), &base))
             goto fail;
@@ -504,6 +510,9 @@ static PyObject *Replay_torch(Replay *r, PyObject *tensors) {
     if (!failed) return y;
 fail:
     Py_DECREF(y);
+    return NULL;
+fail_dev:
+    Py_DECREF(dev);
     return NULL;
 }
 
@@ -575,32 +584,106 @@ static PyMethodDef cupy_sig_def = {"cupy_sig", cupy_sig, METH_O, "A CuPy array a
 static PyMethodDef torch_sig_def = {"torch_sig", torch_sig, METH_O, "A torch tensor argument's part of a key."};
 static PyObject *cupy_sig_fn, *torch_sig_fn;
 
+/* A declared signature (_fast.Declared): the operator's parameters in order, each an array
+   (its signature in the key, its value among the inputs), an option (its value in the key,
+   admitted by its exact type) or fixed (it must be its default: out=None and such). */
+#define MAX_PARAMS 32
+enum { P_ARRAY = 'a', P_OPTION = 'o', P_FIXED = 'f' };
+
 typedef struct {
     PyObject_HEAD
     PyObject *spec, *table;
     int torch; /* 0: CuPy arrays, keys (key, device); 1: torch tensors, keys as the spec says */
+    /* declared (else names is NULL and spec is called): names, defaults (required: the
+       sentinel `required`), per parameter the admitted types of an option (a tuple) */
+    PyObject *names, *defaults, *types, *required, *kinds_obj;
+    const char *kinds;
+    Py_ssize_t n_params, n_positional, n_key, n_arrays;
 } Finder;
 
-/* Finder(args, kwargs): the remembered call's result, or None (not remembered; any error
-   of the spec, an unhashable option: the checked path will say). */
-static PyObject *Finder_call(Finder *f, PyObject *callargs, PyObject *callkw) {
-    PyObject *args, *kwargs;
-    if (!PyArg_ParseTuple(callargs, "O!O", &PyTuple_Type, &args, &kwargs)) return NULL;
-    if (!PyDict_Check(f->table) || PyDict_GET_SIZE(f->table) == 0) Py_RETURN_NONE;
+/* The parameter named `name`, or -1. (A call's keyword names are mostly the interned
+   strings of the function's own code, so identity settles most.) */
+static Py_ssize_t param_index(Finder *f, PyObject *name) {
+    for (Py_ssize_t j = 0; j < f->n_params; j++)
+        if (PyTuple_GET_ITEM(f->names, j) == name) return j;
+    if (!PyUnicode_Check(name)) return -1;
+    for (Py_ssize_t j = 0; j < f->n_params; j++)
+        if (PyUnicode_Compare(PyTuple_GET_ITEM(f->names, j), name) == 0) return j;
+    return -1;
+}
+
+/* A declared call's (key, inputs) as a new tuple, None where the call is not one the fast
+   path takes (a bad call included: the checked path says), NULL on an error (a signature
+   function's Unfit among them, which the caller treats as a miss). */
+static PyObject *declared_find(Finder *f, PyObject *args, PyObject *kwargs) {
+    PyObject *vals[MAX_PARAMS] = {NULL};
     Py_ssize_t n = PyTuple_GET_SIZE(args);
-    PyObject *full = PyTuple_New(n + 1);
-    if (!full) return NULL;
-    PyObject *sig = f->torch ? torch_sig_fn : cupy_sig_fn;
-    Py_INCREF(sig);
-    PyTuple_SET_ITEM(full, 0, sig);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *a = PyTuple_GET_ITEM(args, i);
-        Py_INCREF(a);
-        PyTuple_SET_ITEM(full, i + 1, a);
+    if (n > f->n_positional) Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < n; i++) vals[i] = PyTuple_GET_ITEM(args, i);
+    if (kwargs && PyDict_GET_SIZE(kwargs)) {
+        Py_ssize_t pos = 0;
+        PyObject *name, *value;
+        while (PyDict_Next(kwargs, &pos, &name, &value)) {
+            Py_ssize_t j = param_index(f, name);
+            if (j < 0 || vals[j]) Py_RETURN_NONE;
+            vals[j] = value;
+        }
     }
-    PyObject *found = PyObject_Call(f->spec, full, PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
-    Py_DECREF(full);
-    PyObject *key = NULL, *fast = NULL, *out = NULL;
+    PyObject *key = PyTuple_New(f->n_key), *inputs = PyTuple_New(f->n_arrays);
+    if (!key || !inputs) goto fail;
+    Py_ssize_t k = 0, a = 0;
+    for (Py_ssize_t j = 0; j < f->n_params; j++) {
+        PyObject *v = vals[j], *dflt = PyTuple_GET_ITEM(f->defaults, j);
+        if (!v) {
+            if (dflt == f->required) goto miss;
+            v = dflt;
+        }
+        if (f->kinds[j] == P_ARRAY) {
+            PyObject *s = f->torch ? torch_sig(NULL, v) : cupy_sig(NULL, v);
+            if (!s) goto fail;
+            PyTuple_SET_ITEM(key, k++, s);
+            PyTuple_SET_ITEM(inputs, a++, Py_NewRef(v));
+        } else if (f->kinds[j] == P_OPTION) {
+            PyObject *admitted = PyTuple_GET_ITEM(f->types, j);
+            Py_ssize_t t = 0, nt = PyTuple_GET_SIZE(admitted);
+            while (t < nt && (PyObject *)Py_TYPE(v) != PyTuple_GET_ITEM(admitted, t)) t++;
+            if (t == nt) goto miss;
+            PyTuple_SET_ITEM(key, k++, Py_NewRef(v));
+        } else if (v != dflt) {
+            goto miss;
+        }
+    }
+    PyObject *found = PyTuple_Pack(2, key, inputs);
+    Py_DECREF(key);
+    Py_DECREF(inputs);
+    return found;
+miss:
+    Py_DECREF(key);
+    Py_DECREF(inputs);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(key);
+    Py_XDECREF(inputs);
+    return NULL;
+}
+
+/* The remembered call's result, or None (not remembered; any error of the spec, an
+   unhashable option: the checked path will say). */
+static PyObject *Finder_run(Finder *f, PyObject *args, PyObject *kwargs) {
+    if (!PyDict_Check(f->table) || PyDict_GET_SIZE(f->table) == 0) Py_RETURN_NONE;
+    PyObject *found, *key = NULL, *fast = NULL, *out = NULL;
+    if (f->names) {
+        found = declared_find(f, args, kwargs);
+    } else {
+        Py_ssize_t n = PyTuple_GET_SIZE(args);
+        PyObject *full = PyTuple_New(n + 1);
+        if (!full) return NULL;
+        PyObject *sig = f->torch ? torch_sig_fn : cupy_sig_fn;
+        PyTuple_SET_ITEM(full, 0, Py_NewRef(sig));
+        for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(full, i + 1, Py_NewRef(PyTuple_GET_ITEM(args, i)));
+        found = PyObject_Call(f->spec, full, kwargs && PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
+        Py_DECREF(full);
+    }
     if (!found) goto miss;
     if (found == Py_None || !PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 2) {
         Py_DECREF(found);
@@ -633,26 +716,83 @@ miss:
     Py_RETURN_NONE;
 }
 
+/* Finder(args, kwargs): Finder_run. */
+static PyObject *Finder_call(Finder *f, PyObject *callargs, PyObject *callkw) {
+    PyObject *args, *kwargs;
+    if (!PyArg_ParseTuple(callargs, "O!O", &PyTuple_Type, &args, &kwargs)) return NULL;
+    return Finder_run(f, args, PyDict_Check(kwargs) ? kwargs : NULL);
+}
+
+/* Finder(spec, table, torch, declared=None); declared: (names, positional count, defaults,
+   kinds as bytes, admitted types, the required sentinel), from _fast.Declared. */
 static int Finder_init(Finder *f, PyObject *args, PyObject *kw) {
-    static char *names[] = {"spec", "table", "torch", NULL};
-    PyObject *spec, *table;
+    static char *names[] = {"spec", "table", "torch", "declared", NULL};
+    PyObject *spec, *table, *declared = Py_None;
     int torch;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!p", names, &spec, &PyDict_Type, &table, &torch)) return -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!p|O", names, &spec, &PyDict_Type, &table, &torch, &declared))
+        return -1;
+    PyObject *pnames = NULL, *defaults = NULL, *kinds = NULL, *types = NULL, *required = NULL;
+    Py_ssize_t n_positional = 0, n = 0, n_key = 0, n_arrays = 0;
+    if (declared != Py_None) {
+        if (!PyArg_ParseTuple(declared, "O!nO!O!O!O", &PyTuple_Type, &pnames, &n_positional, &PyTuple_Type, &defaults,
+                              &PyBytes_Type, &kinds, &PyTuple_Type, &types, &required))
+            return -1;
+        n = PyTuple_GET_SIZE(pnames);
+        if (n > MAX_PARAMS || PyTuple_GET_SIZE(defaults) != n || PyBytes_GET_SIZE(kinds) != n ||
+            PyTuple_GET_SIZE(types) != n || n_positional < 0 || n_positional > n) {
+            PyErr_SetString(PyExc_ValueError, "declared: names, defaults, kinds and types of one length");
+            return -1;
+        }
+        const char *k = PyBytes_AS_STRING(kinds);
+        for (Py_ssize_t j = 0; j < n; j++) {
+            if (k[j] == P_OPTION && !PyTuple_Check(PyTuple_GET_ITEM(types, j))) {
+                PyErr_SetString(PyExc_TypeError, "declared: an option's admitted types as a tuple");
+                return -1;
+            }
+            if (k[j] != P_ARRAY && k[j] != P_OPTION && k[j] != P_FIXED) {
+                PyErr_SetString(PyExc_ValueError, "declared: kinds of b'a', b'o' and b'f'");
+                return -1;
+            }
+            n_key += k[j] != P_FIXED;
+            n_arrays += k[j] == P_ARRAY;
+        }
+    }
     Py_XSETREF(f->spec, Py_NewRef(spec));
     Py_XSETREF(f->table, Py_NewRef(table));
+    Py_XSETREF(f->names, Py_XNewRef(pnames));
+    Py_XSETREF(f->defaults, Py_XNewRef(defaults));
+    Py_XSETREF(f->kinds_obj, Py_XNewRef(kinds));
+    Py_XSETREF(f->types, Py_XNewRef(types));
+    Py_XSETREF(f->required, Py_XNewRef(required));
+    f->kinds = kinds ? PyBytes_AS_STRING(kinds) : NULL;
     f->torch = torch;
+    f->n_params = n;
+    f->n_positional = n_positional;
+    f->n_key = n_key;
+    f->n_arrays = n_arrays;
     return 0;
 }
 
 static int Finder_traverse(Finder *f, visitproc visit, void *arg) {
     Py_VISIT(f->spec);
     Py_VISIT(f->table);
+    Py_VISIT(f->names);
+    Py_VISIT(f->defaults);
+    Py_VISIT(f->types);
+    Py_VISIT(f->required);
     return 0;
 }
 
 static int Finder_clear(Finder *f) {
     Py_CLEAR(f->spec);
     Py_CLEAR(f->table);
+    Py_CLEAR(f->names);
+    Py_CLEAR(f->defaults);
+    Py_CLEAR(f->types);
+    Py_CLEAR(f->required);
+    Py_CLEAR(f->kinds_obj);
+    f->kinds = NULL;
+    f->n_params = 0;
     return 0;
 }
 
@@ -666,13 +806,73 @@ static PyTypeObject FinderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cupyops._cfast.Finder",
     .tp_basicsize = sizeof(Finder),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Finder(spec, table, torch)(args, kwargs): FastCalls.run_cupy / run_torch in C.",
+    .tp_doc = "Finder(spec, table, torch, declared=None)(args, kwargs): FastCalls.run_cupy / run_torch in C.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Finder_init,
     .tp_dealloc = (destructor)Finder_dealloc,
     .tp_traverse = (traverseproc)Finder_traverse,
     .tp_clear = (inquiry)Finder_clear,
     .tp_call = (ternaryfunc)Finder_call,
+};
+
+/* Dispatch(cupy_finder, torch_finder)(args, kwargs): FastCalls.run in C: the finder of the
+   first argument's kind (a CuPy array, a torch tensor), None for any other. What an
+   operator's Python wrapper calls first, so that a remembered call costs it one call. */
+typedef struct {
+    PyObject_HEAD
+    Finder *cupy, *torch;
+} Dispatch;
+
+static PyObject *Dispatch_call(Dispatch *d, PyObject *callargs, PyObject *callkw) {
+    PyObject *args, *kwargs;
+    if (!PyArg_ParseTuple(callargs, "O!O", &PyTuple_Type, &args, &kwargs)) return NULL;
+    if (PyTuple_GET_SIZE(args) == 0) Py_RETURN_NONE;
+    PyObject *type = (PyObject *)Py_TYPE(PyTuple_GET_ITEM(args, 0));
+    if (cupy_type && type == cupy_type) return Finder_run(d->cupy, args, PyDict_Check(kwargs) ? kwargs : NULL);
+    int is = torch_types ? PySet_Contains(torch_types, type) : 0;
+    if (is < 0) return NULL;
+    if (is) return Finder_run(d->torch, args, PyDict_Check(kwargs) ? kwargs : NULL);
+    Py_RETURN_NONE;
+}
+
+static int Dispatch_init(Dispatch *d, PyObject *args, PyObject *kw) {
+    static char *names[] = {"cupy_finder", "torch_finder", NULL};
+    Finder *c, *t;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!", names, &FinderType, &c, &FinderType, &t)) return -1;
+    Py_XSETREF(d->cupy, (Finder *)Py_NewRef(c));
+    Py_XSETREF(d->torch, (Finder *)Py_NewRef(t));
+    return 0;
+}
+
+static int Dispatch_traverse(Dispatch *d, visitproc visit, void *arg) {
+    Py_VISIT(d->cupy);
+    Py_VISIT(d->torch);
+    return 0;
+}
+
+static int Dispatch_clear(Dispatch *d) {
+    Py_CLEAR(d->cupy);
+    Py_CLEAR(d->torch);
+    return 0;
+}
+
+static void Dispatch_dealloc(Dispatch *d) {
+    PyObject_GC_UnTrack(d);
+    Dispatch_clear(d);
+    Py_TYPE(d)->tp_free((PyObject *)d);
+}
+
+static PyTypeObject DispatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cupyops._cfast.Dispatch",
+    .tp_basicsize = sizeof(Dispatch),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Dispatch(cupy_finder, torch_finder)(args, kwargs): FastCalls.run in C.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Dispatch_init,
+    .tp_dealloc = (destructor)Dispatch_dealloc,
+    .tp_traverse = (traverseproc)Dispatch_traverse,
+    .tp_clear = (inquiry)Dispatch_clear,
+    .tp_call = (ternaryfunc)Dispatch_call,
 };
 
 /* bind(cupy_type=, torch_types=, unfit=, get_device=, is_capturing=): what the signature
@@ -724,7 +924,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cupyops._cfast",
                                     module_methods};
 
 PyMODINIT_FUNC PyInit__cfast(void) {
-    if (PyType_Ready(&ReplayType) < 0 || PyType_Ready(&FinderType) < 0) return NULL;
+    if (PyType_Ready(&ReplayType) < 0 || PyType_Ready(&FinderType) < 0 || PyType_Ready(&DispatchType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     s_data = PyUnicode_InternFromString("data");
@@ -749,6 +949,7 @@ PyMODINIT_FUNC PyInit__cfast(void) {
         !s_dtype || !s_stride || !s_get_device || !s_cupy || !s_torch || !cupy_sig_fn || !torch_sig_fn ||
         PyModule_AddObjectRef(m, "Replay", (PyObject *)&ReplayType) < 0 ||
         PyModule_AddObjectRef(m, "Finder", (PyObject *)&FinderType) < 0 ||
+        PyModule_AddObjectRef(m, "Dispatch", (PyObject *)&DispatchType) < 0 ||
         PyModule_AddObjectRef(m, "cupy_sig", cupy_sig_fn) < 0 ||
         PyModule_AddObjectRef(m, "torch_sig", torch_sig_fn) < 0 ||
         PyModule_AddObjectRef(m, "LaunchError", launch_error) < 0) {

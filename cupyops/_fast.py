@@ -463,18 +463,121 @@ class FastCall:
         return _NEW_OF_FIRST
 
 
+_REQUIRED = object()  # a Declared parameter without a default
+ARRAY, OPTION, FIXED = "a", "o", "f"  # a Declared parameter's part in a call
+
+
+class Declared:
+    """A spec described rather than written: which of the operator's parameters are arrays
+    (their signatures in the key, their values the inputs, in parameter order), which are
+    options (their values in the key, each admitted by its exact type: a tuple of types,
+    ``type(None)`` among them where None is one) and which are fixed at their defaults
+    (``out=None``, ``return_lse=False``: any other value is the checked path's). The names
+    and defaults come from the operator itself (``bind``, which foreign_arrays calls), so a
+    parameter added to an operator and not declared here fails at import. The key is the
+    parameters' parts in order, fixed ones left out. Called, it is the spec; the C Finder
+    makes the same key itself, with no Python run per call."""
+
+    def __init__(self, arrays, options=None, fixed=()):
+        self.arrays, self.fixed = tuple(arrays), tuple(fixed)
+        self.options = {k: tuple(v) if isinstance(v, tuple) else (v,) for k, v in (options or {}).items()}
+        self.params = None  # ((name, part, default, admitted types), ...): bind's
+
+    def bind(self, fn):
+        """Read ``fn``'s parameters (positional-or-keyword, then keyword-only)."""
+        import inspect
+
+        params, positional = [], 0
+        declared = set(self.arrays) | set(self.options) | set(self.fixed)
+        for p in inspect.signature(fn).parameters.values():
+            if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                raise TypeError(f"Declared: {fn.__name__}'s parameter {p.name} is neither positional-or-keyword "
+                                "nor keyword-only")
+            if p.name not in declared:
+                raise TypeError(f"Declared: {fn.__name__}'s parameter {p.name} is not declared")
+            declared.discard(p.name)
+            positional += p.kind == p.POSITIONAL_OR_KEYWORD
+            part = ARRAY if p.name in self.arrays else OPTION if p.name in self.options else FIXED
+            default = _REQUIRED if p.default is p.empty else p.default
+            params.append((p.name, part, default, self.options.get(p.name)))
+        if declared:
+            raise TypeError(f"Declared: {fn.__name__} has no parameter {sorted(declared)}")
+        self.params, self.positional = tuple(params), positional
+        self._index = {name: j for j, (name, *_) in enumerate(params)}
+        return self
+
+    def c_description(self):
+        """What _cfast.Finder takes as ``declared``."""
+        return (tuple(p[0] for p in self.params), self.positional, tuple(p[2] for p in self.params),
+                "".join(p[1] for p in self.params).encode(), tuple(p[3] for p in self.params), _REQUIRED)
+
+    def __call__(self, sig, *args, **kwargs):
+        if self.params is None:
+            raise TypeError("Declared: not bound to its operator")
+        if len(args) > self.positional:
+            return None
+        vals = list(args) + [_REQUIRED] * (len(self.params) - len(args))
+        for name, v in kwargs.items():
+            j = self._index.get(name)
+            if j is None or vals[j] is not _REQUIRED:
+                return None
+            vals[j] = v
+        key, arrays = [], []
+        for v, (_, part, default, admitted) in zip(vals, self.params):
+            if v is _REQUIRED:
+                if default is _REQUIRED:
+                    return None
+                v = default
+            if part is ARRAY:
+                key.append(sig(v))
+                arrays.append(v)
+            elif part is OPTION:
+                if type(v) not in admitted:
+                    return None
+                key.append(v)
+            elif v is not default:
+                return None
+        return tuple(key), tuple(arrays)
+
+
 class FastCalls:
     """One operator's remembered calls (see the module docstring): ``spec`` names a call's
-    signature; ``cupy`` maps (key, device) and ``torch`` maps key to FastCalls."""
+    signature (a function, or a ``Declared``); ``cupy`` maps (key, device) and ``torch``
+    maps key to FastCalls. ``run(args, kwargs)`` is what the operator's wrapper calls
+    first: the remembered call's result for the first argument's kind, or None."""
 
     def __init__(self, spec):
         self.spec = spec
         self.cupy = {}
         self.torch = {}
         self._offered = threading.local()  # what the checked path offered, per thread
-        if USE_C:  # the same lookups in C, with the same signatures (_cfast.cupy_sig / torch_sig)
-            self.run_cupy = _cfast.Finder(spec, self.cupy, False)
-            self.run_torch = _cfast.Finder(spec, self.torch, True)
+        self._c_finders()
+
+    def bind(self, fn):
+        """For a ``Declared`` spec, read the operator ``fn``'s parameters (foreign_arrays)."""
+        if isinstance(self.spec, Declared):
+            self.spec.bind(fn)
+            self._c_finders()
+        return self
+
+    def _c_finders(self):
+        if not USE_C:  # the same lookups in C, with the same signatures (_cfast.cupy_sig / torch_sig)
+            return
+        declared = self.spec.c_description() if isinstance(self.spec, Declared) and self.spec.params else None
+        self.run_cupy = _cfast.Finder(self.spec, self.cupy, False, declared)
+        self.run_torch = _cfast.Finder(self.spec, self.torch, True, declared)
+        self.run = _cfast.Dispatch(self.run_cupy, self.run_torch)
+
+    def run(self, args, kwargs):
+        """The remembered call's result for a CuPy array or CUDA torch tensor first
+        argument, or None."""
+        if args:
+            t = type(args[0])
+            if t is CUPY_ARRAY:
+                return self.run_cupy(args, kwargs)
+            if t in TORCH_TENSORS:
+                return self.run_torch(args, kwargs)
+        return None
 
     def offer(self, make):
         """From the checked path, after a launch that read the caller's own arrays:

@@ -80,19 +80,14 @@ def foreign_arrays(fp8_results=(), fast=None):
 
     def wrap(fn):
         plain = _PLAIN_TYPES
+        run = fast.bind(fn).run if fast is not None else None
 
         @functools.wraps(fn)
         def op(*args, **kwargs):
-            if fast is not None and args:
-                t = type(args[0])
-                if t is _fast.CUPY_ARRAY:
-                    r = fast.run_cupy(args, kwargs)
-                    if r is not None:
-                        return r
-                elif t in _fast.TORCH_TENSORS:
-                    r = fast.run_torch(args, kwargs)
-                    if r is not None:
-                        return r
+            if run is not None:  # (one call: in C where compiled, the first argument's kind included)
+                r = run(args, kwargs)
+                if r is not None:
+                    return r
             for a in args:
                 if type(a) not in plain:
                     break

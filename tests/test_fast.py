@@ -243,10 +243,15 @@ def _spec(sig, x, w=None, *, scale=1.0, flag=False, out=None):
     return (sig(x), sig(w), scale, flag), (x, w)
 
 
-def _checked_op(seen):
+def _declared():
+    """_spec as a _fast.Declared (bound to _checked_op's operator)."""
+    return _fast.Declared(arrays=("x", "w"), options={"scale": float, "flag": bool}, fixed=("out",))
+
+
+def _checked_op(seen, declared=False):
     """An operator's checked path: launches one kernel on (x, w) into a new output and
-    offers the call; counts its runs in ``seen``."""
-    fast = _fast.FastCalls(_spec)
+    offers the call; counts its runs in ``seen``. Its spec is _spec, or the same declared."""
+    fast = _fast.FastCalls(_declared() if declared else _spec)
 
     def op(x, w=None, *, scale=1.0, flag=False, out=None):
         seen.append(1)
@@ -255,12 +260,13 @@ def _checked_op(seen):
         fast.offer(lambda: _fast.build((launches, launches), (x, w), y, work=(64,)))
         return y
 
-    return fast, op
+    return fast.bind(op), op
 
 
-def test_fast_calls_find_only_the_checked_signature(fake):
+@pytest.mark.parametrize("declared", [False, True], ids=["spec", "declared"])
+def test_fast_calls_find_only_the_checked_signature(fake, declared):
     seen = []
-    fast, op = _checked_op(seen)
+    fast, op = _checked_op(seen, declared)
     x, w = FakeArray((4, 32), np.float32), FakeArray((32,), np.float32)
     assert fast.run_cupy((x, w), {}) is None  # nothing remembered yet
     fast.checked(op, (x, w), {"scale": 2.0})
@@ -284,14 +290,52 @@ def test_fast_calls_find_only_the_checked_signature(fake):
         ((x, [1.0]), {"scale": 2.0}),  # a list
         ((x, w), {"scale": 2.0, "flag": [True]}),  # unhashable
     ]
+    if declared:
+        misses += [
+            ((x, w, 2.0), {}),  # scale is keyword-only
+            ((x,), {"w": w, "x": x, "scale": 2.0}),  # x twice
+            ((), {"w": w, "scale": 2.0}),  # no x
+        ]
     for args, kwargs in misses:
         assert fast.run_cupy(args, kwargs) is None, (args, kwargs)
+        assert fast.run(args, kwargs) is None, (args, kwargs)
+    assert fast.run((x, w), {"scale": 2.0}) is not None  # run: the first argument's kind
+    assert fast.run((x,), {"w": w, "scale": 2.0}) is not None  # (by keyword: the same call)
+    assert fast.run((w, x), {"scale": 2.0}) is None and fast.run((), {}) is None
     assert len(seen) == 1
 
 
-def test_a_torch_call_files_both_keys(fake):
+def test_a_declared_key_is_the_parameters_parts_in_order(fake):
+    fast, op = _checked_op([], declared=True)
+    x, w = FakeArray((4, 32), np.float32), FakeArray((32,), np.float32)
+    sig = _fast.cupy_sig
+    assert fast.spec(sig, x, w, scale=2.0) == ((sig(x), sig(w), 2.0, False), (x, w))
+    assert fast.spec(sig, x, scale=2.0, flag=True) == ((sig(x), None, 2.0, True), (x, None))
+    # the C Finder makes the same key: a call filed by the Python spec is found by it
+    fast.checked(op, (x,), {"w": w, "scale": 2.0})
+    assert fast.run_cupy((FakeArray((4, 32), np.float32),), {"scale": 2.0, "w": w}) is not None
+
+
+def test_declared_names_every_parameter_of_its_operator():
+    def op(x, w=None, *, scale=1.0, out=None):
+        pass
+
+    with pytest.raises(TypeError, match="parameter out is not declared"):
+        _fast.Declared(arrays=("x", "w"), options={"scale": float}).bind(op)
+    with pytest.raises(TypeError, match="no parameter"):
+        _fast.Declared(arrays=("x", "w", "bias"), options={"scale": float}, fixed=("out",)).bind(op)
+
+    def star(x, *rest):
+        pass
+
+    with pytest.raises(TypeError, match="neither"):
+        _fast.Declared(arrays=("x",), fixed=("rest",)).bind(star)
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["spec", "declared"])
+def test_a_torch_call_files_both_keys(fake, declared):
     seen = []
-    fast, op = _checked_op(seen)
+    fast, op = _checked_op(seen, declared)
     t = FakeTensor((4, 32), np.dtype(np.float32), ptr=0xB000)
     view = FakeArray((4, 32), np.float32, ptr=0xB000)  # the CuPy view the checked path reads
     fast.checked(op, (view,), {}, torch_args=((t,), {}))
@@ -310,6 +354,7 @@ def test_a_torch_call_files_both_keys(fake):
     assert fast.run_torch((FakeTensor((4, 32), np.dtype(np.float32), ptr=0xC000, strides=(1, 4)),), {}) is None
     # a CuPy call of the same layout finds the same FastCall
     assert fast.run_cupy((FakeArray((4, 32), np.float32),), {}) is not None
+    assert isinstance(fast.run((FakeTensor((4, 32), np.dtype(np.float32), ptr=0xC000),), {}), FakeTensor)
     assert len(seen) == 1
 
 
@@ -357,6 +402,7 @@ def test_the_c_replay_and_finder_are_what_runs(fake):
     (fc,) = fast.cupy.values()
     if fake.use_c:
         assert type(fast.run_cupy) is _fast._cfast.Finder and type(fast.run_torch) is _fast._cfast.Finder
+        assert type(fast.run) is _fast._cfast.Dispatch
         assert fc.cupy == fc._replay.cupy
     else:
         assert fc._replay is None and fast.run_cupy.__func__ is _fast.FastCalls.run_cupy

@@ -42,22 +42,10 @@ KERNELS = KernelFile("activation.cu", _expressions())
 KERNEL_FILES = [KERNELS]
 
 
-def _fast_spec_silu(sig, x, *, out=None, impl="auto"):
-    """silu_and_mul's fast-path signature (cupyops/_fast.py): x's layout and impl, for calls
-    with no out=."""
-    if out is not None or type(impl) is not str:
-        return None
-    return (sig(x), impl), (x,)
-
-
-def _fast_spec_gelu(sig, x, approximate="none", *, out=None, impl="auto"):
-    """gelu_and_mul's fast-path signature, as silu_and_mul's with approximate."""
-    if out is not None or type(approximate) is not str or type(impl) is not str:
-        return None
-    return (sig(x), approximate, impl), (x,)
-
-
-_FAST = {"silu_and_mul": _fast.FastCalls(_fast_spec_silu), "gelu_and_mul": _fast.FastCalls(_fast_spec_gelu)}
+# the fast path's signatures (cupyops/_fast.py): x's layout and the options, for calls with no out=
+_FAST = {"silu_and_mul": _fast.FastCalls(_fast.Declared(arrays=("x",), options={"impl": str}, fixed=("out",))),
+         "gelu_and_mul": _fast.FastCalls(_fast.Declared(arrays=("x",), options={"approximate": str, "impl": str},
+                                                        fixed=("out",)))}
 
 
 @foreign_arrays(fast=_FAST["silu_and_mul"])

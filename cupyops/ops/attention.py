@@ -76,18 +76,10 @@ def auto_impl(p, hopper=False):
 
 
 # ------------------------------------------------------------------------- public API
-def _fast_spec(sig, q, k, v, *, causal=False, causal_align="top_left", scale=None, layout="bshd",
-               return_lse=False, out=None, impl="auto"):
-    """attention's fast-path signature (cupyops/_fast.py): the operands' layouts and the
-    options, for calls with no out= or LSE."""
-    if (out is not None or return_lse is not False or type(causal) is not bool or type(causal_align) is not str
-            or (scale is not None and type(scale) is not float) or type(layout) is not str
-            or type(impl) is not str):
-        return None
-    return (sig(q), sig(k), sig(v), causal, causal_align, scale, layout, impl), (q, k, v)
-
-
-_FAST = _fast.FastCalls(_fast_spec)
+# the fast path's signature (cupyops/_fast.py): the layouts of q, k, v and the options, for
+# calls with no out= and no LSE
+_FAST = _fast.FastCalls(_fast.Declared(arrays=("q", "k", "v"), fixed=("return_lse", "out"), options={
+    "causal": bool, "causal_align": str, "scale": (type(None), float), "layout": str, "impl": str}))
 
 
 @foreign_arrays(fast=_FAST)

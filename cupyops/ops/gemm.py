@@ -77,15 +77,8 @@ def _wgmma_props():
 
 
 # ------------------------------------------------------------------------- public API
-def _fast_spec_matmul(sig, a, b, *, out=None, impl="auto"):
-    """matmul's fast-path signature (cupyops/_fast.py): both operands' layouts and impl,
-    for calls with no out=."""
-    if out is not None or type(impl) is not str:
-        return None
-    return (sig(a), sig(b), impl), (a, b)
-
-
-_FAST = _fast.FastCalls(_fast_spec_matmul)
+# the fast path's signature (cupyops/_fast.py): the operands' layouts and impl, for calls with no out=
+_FAST = _fast.FastCalls(_fast.Declared(arrays=("a", "b"), options={"impl": str}, fixed=("out",)))
 
 
 @foreign_arrays(fast=_FAST)

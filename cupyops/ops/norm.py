@@ -58,20 +58,6 @@ KERNELS = KernelFile("norm.cu", _expressions())
 KERNEL_FILES = [KERNELS]
 
 
-def _fast_spec_layer_norm(sig, x, weight=None, bias=None, eps=1e-5, *, return_stats=False, out=None,
-                          impl="auto"):
-    """layer_norm's fast-path signature (cupyops/_fast.py): the arrays' layouts, eps and
-    impl, for calls with no out= or statistics."""
-    if out is not None or return_stats is not False or type(eps) is not float or type(impl) is not str:
-        return None
-    return (sig(x), sig(weight), sig(bias), eps, impl), (x, weight, bias)
-
-
-def _fast_spec_rms_norm(sig, x, weight=None, eps=1e-6, *, out=None, impl="auto"):
-    """rms_norm's fast-path signature, as layer_norm's."""
-    if out is not None or type(eps) is not float or type(impl) is not str:
-        return None
-    return (sig(x), sig(weight), eps, impl), (x, weight)
 
 
 def _fast_spec_add_rms_norm(sig, x, residual, weight, eps, inplace, impl, out0, out1):
@@ -86,7 +72,12 @@ def _fast_spec_add_rms_norm(sig, x, residual, weight, eps, inplace, impl, out0, 
     return (sig(x), sig(residual), sig(weight), eps, inplace, impl, where), (x, residual, weight)
 
 
-_FAST = {"layer_norm": _fast.FastCalls(_fast_spec_layer_norm), "rms_norm": _fast.FastCalls(_fast_spec_rms_norm),
+# the fast path's signatures (cupyops/_fast.py): layer_norm's and rms_norm's, the arrays'
+# layouts, eps and impl for calls with no out= or statistics; add_rms_norm's its own
+_FAST = {"layer_norm": _fast.FastCalls(_fast.Declared(arrays=("x", "weight", "bias"), fixed=("return_stats", "out"),
+                                                      options={"eps": float, "impl": str})),
+         "rms_norm": _fast.FastCalls(_fast.Declared(arrays=("x", "weight"), fixed=("out",),
+                                                    options={"eps": float, "impl": str})),
          "add_rms_norm": _fast.FastCalls(_fast_spec_add_rms_norm)}
 
 

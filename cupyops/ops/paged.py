@@ -49,17 +49,6 @@ _INT32_MAX = 2**31 - 1
 
 
 # ------------------------------------------------------------------ fast-path signatures
-def _fast_spec_paged(sig, q, k_cache, v_cache, block_table, seq_lens, *, causal=True, scale=None,
-                     return_lse=False, out=None, impl="auto"):
-    """attention_paged's fast-path signature (cupyops/_fast.py): the five arrays' layouts and
-    the options, for calls with no out= or LSE."""
-    if (out is not None or return_lse is not False or type(causal) is not bool
-            or (scale is not None and type(scale) is not float) or type(impl) is not str):
-        return None
-    arrays = (q, k_cache, v_cache, block_table, seq_lens)
-    return tuple(sig(a) for a in arrays) + (causal, scale, impl), arrays
-
-
 def _fast_spec_append(sig, k_cache, v_cache, k, v, block_table, positions):
     """kv_cache_append's fast-path signature: the layouts, where the two caches lie against
     each other (the halves of one buffer are fine; the checked path settled that layout),
@@ -71,14 +60,13 @@ def _fast_spec_append(sig, k_cache, v_cache, k, v, block_table, positions):
     return tuple(sig(a) for a in arrays) + (_fast.placement(k_cache, v_cache),), arrays
 
 
-def _fast_spec_merge(sig, o_a, lse_a, o_b, lse_b):
-    arrays = (o_a, lse_a, o_b, lse_b)
-    return tuple(sig(a) for a in arrays), arrays
-
-
-_FAST = {"attention_paged": _fast.FastCalls(_fast_spec_paged),
+# attention_paged's: the five arrays' layouts and the options, for calls with no out= or LSE;
+# merge_attention_states's: the four arrays' layouts
+_FAST = {"attention_paged": _fast.FastCalls(_fast.Declared(
+             arrays=("q", "k_cache", "v_cache", "block_table", "seq_lens"), fixed=("return_lse", "out"),
+             options={"causal": bool, "scale": (type(None), float), "impl": str})),
          "kv_cache_append": _fast.FastCalls(_fast_spec_append),
-         "merge_attention_states": _fast.FastCalls(_fast_spec_merge)}
+         "merge_attention_states": _fast.FastCalls(_fast.Declared(arrays=("o_a", "lse_a", "o_b", "lse_b")))}
 
 
 # ------------------------------------------------------------------ attention_paged

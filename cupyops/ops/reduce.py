@@ -130,21 +130,12 @@ def trace(a, *, impl="auto"):
 
 
 # ---------------------------------------------------------------------------- sum / max
-def _fast_spec_sum(sig, x, axis=None, dtype=None, out=None, *, keepdims=False, impl="auto"):
-    """sum's fast-path signature (cupyops/_fast.py): x's layout, one axis or all, keepdims
-    and impl, for calls with no out= and the default result dtype."""
-    if (out is not None or dtype is not None or (axis is not None and type(axis) is not int)
-            or type(keepdims) is not bool or type(impl) is not str):
-        return None
-    return (sig(x), axis, keepdims, impl), (x,)
-
-
-def _fast_spec_max(sig, x, axis=None, out=None, *, keepdims=False, impl="auto"):
-    """max's fast-path signature, as sum's."""
-    return _fast_spec_sum(sig, x, axis, None, out, keepdims=keepdims, impl=impl)
-
-
-_FAST = {"sum": _fast.FastCalls(_fast_spec_sum), "max": _fast.FastCalls(_fast_spec_max)}
+# the fast path's signatures (cupyops/_fast.py): x's layout, one axis or all, keepdims and
+# impl, for calls with no out= and the default result dtype
+_FAST = {"sum": _fast.FastCalls(_fast.Declared(arrays=("x",), fixed=("dtype", "out"), options={
+            "axis": (type(None), int), "keepdims": bool, "impl": str})),
+         "max": _fast.FastCalls(_fast.Declared(arrays=("x",), fixed=("out",), options={
+            "axis": (type(None), int), "keepdims": bool, "impl": str}))}
 
 
 @foreign_arrays(fast=_FAST["sum"])

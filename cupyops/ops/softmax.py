@@ -36,15 +36,8 @@ KERNELS = KernelFile("softmax.cu", _expressions())
 KERNEL_FILES = [KERNELS]
 
 
-def _fast_spec(sig, x, axis=-1, out=None, *, impl="auto"):
-    """softmax's fast-path signature (cupyops/_fast.py): x's layout, axis and impl, for
-    calls with no out=."""
-    if out is not None or type(axis) is not int or type(impl) is not str:
-        return None
-    return (sig(x), axis, impl), (x,)
-
-
-_FAST = _fast.FastCalls(_fast_spec)
+# the fast path's signature (cupyops/_fast.py): x's layout, axis and impl, for calls with no out=
+_FAST = _fast.FastCalls(_fast.Declared(arrays=("x",), options={"axis": int, "impl": str}, fixed=("out",)))
 
 
 @foreign_arrays(fast=_FAST)
