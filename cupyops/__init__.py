@@ -12,6 +12,7 @@ from .ops.fp8 import quantize_fp8, scaled_matmul
 from .ops.gemm import gemm, matmul
 from .ops.norm import add_rms_norm, layer_norm, rms_norm
 from .ops.paged import attention_paged, kv_cache_append, merge_attention_states
+from .ops.varlen import attention_varlen
 from .ops.reduce import max, sum, trace  # noqa: A004 - NumPy's names
 from .ops.rope import rope
 from .ops.sampling import sample
@@ -29,6 +30,7 @@ __all__ = [
     "amax",
     "attention",
     "attention_paged",
+    "attention_varlen",
     "gelu_and_mul",
     "gemm",
     "kv_cache_append",

@@ -227,6 +227,26 @@ def paged_kv(k_cache, v_cache, block_table, seq_len, b):
     return kc[pages, j % kc.shape[1]], vc[pages, j % kc.shape[1]]
 
 
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, causal_align="bottom_right", scale=None,
+                     return_lse=False):
+    """cupyops.attention_varlen in float64: each packed sequence (rows cu_seqlens[b] ..
+    cu_seqlens[b + 1] - 1 of q and of k, v) through ``attention``. Rows outside every
+    sequence are zeros (LSE -inf). Returns out [total_q, q_heads, head_dim] or (out, lse
+    [q_heads, total_q])."""
+    q, k, v = _f64(q), _f64(k), _f64(v)
+    cq, ck = _host(cu_seqlens_q).astype(np.int64), _host(cu_seqlens_k).astype(np.int64)
+    out = np.zeros(q.shape)
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+    for b in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        if q1 == q0:
+            continue
+        o, l_b = attention(q[q0:q1][None], k[k0:k1][None], v[k0:k1][None], causal=causal, causal_align=causal_align,
+                           scale=scale, return_lse=True)
+        out[q0:q1], lse[:, q0:q1] = o[0], l_b[0]
+    return (out, lse) if return_lse else out
+
+
 def attention_paged(q, k_cache, v_cache, block_table, seq_lens, causal=True, scale=None, return_lse=False):
     """cupyops.attention_paged in float64: each sequence's pages gathered into contiguous K/V
     (paged_kv) and attended to by its q_len rows, the sequence's last tokens (bottom-right

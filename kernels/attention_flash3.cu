@@ -58,7 +58,9 @@
 //   QSTAGES (DPAD: D rounded up to 64). Tensor maps of Q, K, V: 4-D (D, rows, heads, batch)
 //   of 16-bit elements with the 128-byte swizzle, boxes (64, 64, 1, 1) for Q, (64, BC, 1, 1)
 //   for K and V. Needs 16-byte aligned tensors with strides that are multiples of 16 bytes
-//   (the launcher checks). head_group: WorkTiles' group.
+//   (the launcher checks). head_group: WorkTiles' group. cu_q, cu_k, total_q, total_k,
+//   bottom_right: packed sequences (SeqView; null cu_q: a padded batch), where Sq and Skv
+//   are the longest sequence's lengths and the maps' rows the packed tokens (batch 1).
 #include "attention_common.cuh"
 #include "gemm_sm90.cuh"
 
@@ -107,9 +109,11 @@ template <typename L, int STAGES> struct QStages {
         2 * L::Q_BYTES + STAGES * 2 * L::KV_BYTES + 1024 + 32 * STAGES + 32 <= 227 * 1024 ? 2 : 1;
 };
 
-// The K/V tiles of the work tile of query rows [q0, q0 + BR): what its last row sees.
+// The K/V tiles of the work tile of query rows [q0, q0 + BR): what its last row sees (none
+// for a tile past the end of its sequence, which packed sequences have).
 template <int BC, int BR>
 __device__ __forceinline__ int kv_tiles(int q0, int Sq, int Skv, int causal, int causal_offset) {
+    if (q0 >= Sq) return 0;
     const int keys = attn::visible_keys(min(q0 + BR, Sq) - 1, Skv, causal, causal_offset);
     return keys > 0 ? (keys + BC - 1) / BC : 0;
 }
@@ -136,6 +140,44 @@ template <int BR> struct WorkTiles {
         b = head / Hq;
     }
 };
+
+// Where batch element b's sequence lies. Padded batches (cu_q null): Sq query rows and Skv
+// keys each, batch coordinate b, the launch's causal offset. Packed sequences (attention_varlen:
+// cu_q, cu_k int32 [B + 1]): element b is query rows [cu_q[b], cu_q[b + 1]) of a Q of
+// total_q rows and keys [cu_k[b], cu_k[b + 1]) of total_k, batch coordinate 0, its causal
+// offset 0 (top_left) or Skv - Sq (bottom_right), its LSE rows h * total_q + q_row + i. The
+// offsets are clamped into the tensors and the lengths to the launch's Sq and Skv (values
+// on the GPU are not checked on the host: a bad one shortens its sequence, never addresses
+// out of bounds).
+struct SeqView {
+    int Sq, Skv, offset, q_row, k_row, b;
+    i64 lse_row;
+};
+
+__device__ __forceinline__ SeqView seq_view(int b, int h, int Hq, int Sq, int Skv, int causal_offset,
+                                            const int* cu_q, const int* cu_k, int total_q, int total_k,
+                                            int bottom_right) {
+    SeqView s;
+    if (cu_q == nullptr) {
+        s.Sq = Sq;
+        s.Skv = Skv;
+        s.offset = causal_offset;
+        s.q_row = s.k_row = 0;
+        s.b = b;
+        s.lse_row = (static_cast<i64>(b) * Hq + h) * Sq;
+        return s;
+    }
+    const int q_lo = min(max(cu_q[b], 0), total_q), q_hi = min(max(cu_q[b + 1], q_lo), total_q);
+    const int k_lo = min(max(cu_k[b], 0), total_k), k_hi = min(max(cu_k[b + 1], k_lo), total_k);
+    s.Sq = min(q_hi - q_lo, Sq);
+    s.Skv = min(k_hi - k_lo, Skv);
+    s.offset = bottom_right ? s.Skv - s.Sq : 0;
+    s.q_row = q_lo;
+    s.k_row = k_lo;
+    s.b = 0;
+    s.lse_row = static_cast<i64>(h) * total_q + q_lo;
+    return s;
+}
 
 // 2^x in one MUFU op (2^-inf = +0).
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -260,7 +302,8 @@ template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
 template <typename T, int HD, int BC, int STAGES, int SCHED, int NC>
 __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
     attention_flash3(ATTN_PARAMS(T), const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapK,
-                     const __grid_constant__ TmaMap mapV, int head_group) {
+                     const __grid_constant__ TmaMap mapV, int head_group, const int* __restrict__ cu_q,
+                     const int* __restrict__ cu_k, int total_q, int total_k, int bottom_right) {
     using namespace fa3;
     typedef Warpgroups<NC> W;
     constexpr int BR = W::BR;
@@ -282,6 +325,9 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
     __syncthreads();
 
     const WorkTiles<BR> work{(Sq + BR - 1) / BR, Hq, B, head_group, causal != 0};
+    auto seq = [&](int b, int h) {
+        return seq_view(b, h, Hq, Sq, Skv, causal_offset, cu_q, cu_k, total_q, total_k, bottom_right);
+    };
 
     if (warpgroup() == 0) {  // producer
         setmaxnreg_dec<W::PRODUCER_REGS>();
@@ -290,7 +336,8 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
             for (int t = blockIdx.x; t < work.count(); t += gridDim.x) {
                 int q0, h, b;
                 work.at(t, q0, h, b);
-                const int tiles = kv_tiles<BC, BR>(q0, Sq, Skv, causal, causal_offset);
+                const SeqView sv = seq(b, h);
+                const int tiles = kv_tiles<BC, BR>(q0, sv.Sq, sv.Skv, causal, sv.offset);
                 if (tiles == 0) continue;  // (the consumers do not wait for this tile's Q either)
                 const int hk = h / (Hq / Hkv);
                 qpipe.producer_acquire(q_it);
@@ -300,7 +347,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
 #pragma unroll
                     for (int p = 0; p < L::DP; ++p)
                         tma_load_4d(q_smem + qpipe.stage(q_it) * L::Q_BYTES + (w * L::DP + p) * PIECE, &mapQ,
-                                    64 * p, q0 + 64 * w, h, b, qpipe.full(q_it).addr);
+                                    64 * p, sv.q_row + q0 + 64 * w, h, sv.b, qpipe.full(q_it).addr);
                 ++q_it;
                 // K or V tile j (keys [j * BC, j * BC + BC)) into its ring: a box of (64
                 // head_dim, BC keys) a head_dim slice
@@ -310,7 +357,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
                     const unsigned st = ring + pipe.stage(kv) * L::KV_BYTES;
 #pragma unroll
                     for (int p = 0; p < L::DP; ++p)
-                        tma_load_4d(st + p * L::KV_PIECE, map, 64 * p, j * BC, hk, b, pipe.full(kv).addr);
+                        tma_load_4d(st + p * L::KV_PIECE, map, 64 * p, sv.k_row + j * BC, hk, sv.b, pipe.full(kv).addr);
                 };
                 for (int j = 0; j < tiles; ++j, ++kv) {
                     load_tile(kpipe, k_ring, &mapK, j);
@@ -360,11 +407,12 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
     struct Out {
         unsigned v[2][HD / 8];
         float lse[2];
-        int q0, h, b;
+        int q0, h, b, Sq, q_row;
+        i64 lse_row;
         bool valid;
     } out;
     out.valid = false;
-    auto finish = [&](int q0, int h, int b) {
+    auto finish = [&](int q0, int h, const SeqView& sv) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             float lt = c.l[hh];
@@ -378,27 +426,30 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
         }
         out.q0 = q0;
         out.h = h;
-        out.b = b;
+        out.b = sv.b;
+        out.Sq = sv.Sq;
+        out.q_row = sv.q_row;
+        out.lse_row = sv.lse_row;
         out.valid = true;
     };
     auto store = [&] {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const int i = out.q0 + 64 * w + 16 * warp + lane / 4 + 8 * hh;
-            if (i >= Sq) continue;
-            T* orow = O + out.b * o_sb + static_cast<i64>(i) * o_ss + out.h * o_sh;
+            if (i >= out.Sq) continue;
+            T* orow = O + out.b * o_sb + static_cast<i64>(out.q_row + i) * o_ss + out.h * o_sh;
 #pragma unroll
             for (int cc = 0; cc < HD / 8; ++cc)
                 *reinterpret_cast<unsigned*>(orow + 8 * cc + 2 * (lane % 4)) = out.v[hh][cc];
-            if (LSE != nullptr && lane % 4 == 0) LSE[(static_cast<i64>(out.b) * Hq + out.h) * Sq + i] = out.lse[hh];
+            if (LSE != nullptr && lane % 4 == 0) LSE[out.lse_row + i] = out.lse[hh];
         }
         out.valid = false;
     };
     // A work tile's running state, from no key seen.
-    auto start = [&](int q0) {
+    auto start = [&](int q0, const SeqView& sv) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            c.vis[hh] = attn::visible_keys(q0 + 64 * w + 16 * warp + lane / 4 + 8 * hh, Skv, causal, causal_offset);
+            c.vis[hh] = attn::visible_keys(q0 + 64 * w + 16 * warp + lane / 4 + 8 * hh, sv.Skv, causal, sv.offset);
             c.m[hh] = -CUOPS_INF;
             c.l[hh] = 0.f;
         }
@@ -411,17 +462,18 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
     for (int t = blockIdx.x; t < work.count(); t += gridDim.x) {
         int q0, h, b;
         work.at(t, q0, h, b);
-        const int tiles = kv_tiles<BC, BR>(q0, Sq, Skv, causal, causal_offset);
-        if (tiles == 0) {  // no key to see: zeros
+        const SeqView sv = seq(b, h);
+        const int tiles = kv_tiles<BC, BR>(q0, sv.Sq, sv.Skv, causal, sv.offset);
+        if (tiles == 0) {  // no key to see: zeros (none past the end of a packed sequence)
             if (out.valid) store();
-            start(q0);
-            finish(q0, h, b);
+            start(q0, sv);
+            finish(q0, h, sv);
             store();
             continue;
         }
         qpipe.consumer_wait(q_it);
         c.q_tile = q_smem + qpipe.stage(q_it) * L::Q_BYTES + w * L::DP * PIECE;
-        start(q0);
+        start(q0, sv);
         float s[BC / 2], alpha[2];
         unsigned pa[BC / 16][4];
         if constexpr (SCHED == SERIAL) {
@@ -440,9 +492,9 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
                 if (leader) vpipe.consumer_release(kv + j);
             }
             if (leader) qpipe.consumer_release(q_it);
-            finish(q0, h, b);
+            finish(q0, h, sv);
             store();
-        } else if (q0 + 64 * w >= Sq) {
+        } else if (q0 + 64 * w >= sv.Sq) {
             // Every row of this warpgroup is past the end of Q (the last tile of a tiling
             // of 192 rows can be two-thirds empty): no wgmma and no softmax; it only keeps
             // the protocol, taking its turns and releasing each stage after it was filled
@@ -496,7 +548,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
             your_turn();
             c.wait_pv(pa);
             if (leader) vpipe.consumer_release(kv + tiles - 1);
-            finish(q0, h, b);
+            finish(q0, h, sv);
         }
         ++q_it;
         kv += tiles;

@@ -33,11 +33,17 @@ _FP8 = {
 from . import paged  # noqa: E402
 
 _PAGED = dict.fromkeys(("attention_paged", "kv_cache_append", "merge_attention_states"), paged)
-_FAMILIES = {**_LADDERS, **_FP8, **_PAGED}
+# Packed variable-length attention (issue 19), kept out of OPS as well: tests/test_varlen_args.py
+# and tests/test_gpu_varlen.py.
+from . import varlen  # noqa: E402
+
+_VARLEN = {"attention_varlen": varlen}
+_FAMILIES = {**_LADDERS, **_FP8, **_PAGED, **_VARLEN}
 
 OPS = tuple(_LADDERS)
 FP8_OPS = tuple(_FP8)
 PAGED_OPS = tuple(_PAGED)
+VARLEN_OPS = tuple(_VARLEN)
 ALL_OPS = tuple(_FAMILIES)
 
 

@@ -32,6 +32,7 @@ VARIANTS = {
     "consumers taking turns on the tensor cores (float16, bfloat16; head_dim 64, 96, 128, 256)",
 }
 DTYPES = {"flash3": ("float16", "bfloat16")}
+VARLEN = ("flash3",)  # the rungs that take packed sequences (AttentionProblem.cu_q)
 ARCH = "sm_90a"
 BR = 128  # query rows of a work tile with two consumer warpgroups (64 each), the most tiles
 SERIAL, OVERLAP, PINGPONG = 0, 1, 2  # the consumers' schedule (the kernel's SCHED)
@@ -155,10 +156,13 @@ def map_spec(arr_ptr, strides, rows, heads, batch, hd, box_rows):
 
 
 def _specs(p, cfg):
+    """The tensor maps of Q, K and V: (head_dim, rows, heads, batch), or for packed
+    sequences (head_dim, packed rows, heads, 1)."""
     bc = CONFIGS[p.D][cfg].bc
-    return [map_spec(p.Q.data.ptr, p.q_strides, p.Sq, p.Hq, p.B, p.D, 64),
-            map_spec(p.K.data.ptr, p.k_strides, p.Skv, p.Hkv, p.B, p.D, bc),
-            map_spec(p.V.data.ptr, p.v_strides, p.Skv, p.Hkv, p.B, p.D, bc)]
+    q_rows, kv_rows, batch = (p.total_q, p.total_k, 1) if p.varlen else (p.Sq, p.Skv, p.B)
+    return [map_spec(p.Q.data.ptr, p.q_strides, q_rows, p.Hq, batch, p.D, 64),
+            map_spec(p.K.data.ptr, p.k_strides, kv_rows, p.Hkv, batch, p.D, bc),
+            map_spec(p.V.data.ptr, p.v_strides, kv_rows, p.Hkv, batch, p.D, bc)]
 
 
 def supports(impl, p, config=None):
@@ -244,4 +248,4 @@ def launch(impl, p, config=None, l2_share=None):
                                f"{strides}, box {box})")
         maps.append(m)
     group = np.int32(head_group(p, props.l2_bytes, l2_share))
-    plan(p, cfg, props.sm_count)(p.args() + tuple(maps) + (group,))
+    plan(p, cfg, props.sm_count)(p.args() + tuple(maps) + (group,) + p.varlen_args())

@@ -54,6 +54,29 @@ class AttentionProblem:
     scale: float
     causal: bool
     causal_offset: int  # top_left: 0; bottom_right: Skv - Sq
+    # Packed sequences (attention_varlen; the rungs that take them say so in VARLEN): int32
+    # [B + 1] CuPy arrays, sequence b being query rows [cu_q[b], cu_q[b + 1]) of Q and O and
+    # keys [cu_k[b], cu_k[b + 1]) of K and V, whose batch axis is then 1 (batch strides 0)
+    # and whose rows number total_q and total_k. Sq and Skv are then the longest sequence's
+    # lengths (the grid's extent), LSE is float32 [Hq, total_q], causal_offset is unused and
+    # bottom_right says which alignment every sequence takes (offset Skv_b - Sq_b, or 0).
+    cu_q: object = None
+    cu_k: object = None
+    total_q: int = 0
+    total_k: int = 0
+    bottom_right: bool = False
+
+    @property
+    def varlen(self):
+        return self.cu_q is not None
+
+    def varlen_args(self):
+        """The packed-sequence kernel arguments after a rung's own (cu_q, cu_k, total_q,
+        total_k, bottom_right): null offsets for a padded batch."""
+        if self.cu_q is None:
+            return (_arrays.NULL_PTR, _arrays.NULL_PTR, np.int32(0), np.int32(0), np.int32(0))
+        return (self.cu_q, self.cu_k, np.int32(self.total_q), np.int32(self.total_k),
+                np.int32(1 if self.bottom_right else 0))
 
     @property
     def group(self):
@@ -79,7 +102,7 @@ class AttentionProblem:
     def shape_key(self):
         """What a launch plan depends on (not the pointers or strides)."""
         return (self.dtype, self.B, self.Hq, self.Hkv, self.Sq, self.Skv, self.D, self.causal,
-                self.causal_offset, self.LSE is not None)
+                self.causal_offset, self.LSE is not None, self.varlen)
 
     def aligned16(self):
         """Whether Q, K, V and O can be moved in 16-byte pieces (the tensor-core rungs'
