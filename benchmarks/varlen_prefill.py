@@ -76,7 +76,7 @@ def main():
                 worst = max(worst, reference.rel_error(padded[b, :n].astype(cp.float64).get(),
                                                        got[s].astype(cp.float64).get()))
             ok = worst <= reference.TOLERANCE["attention"][dtype]
-            us = {name: time_gpu(fn, repeats=args.repeats, flush=flush) * 1e3 for name, fn in calls.items()}
+            us = {name: time_gpu(fn, repeats=args.repeats, flush=flush).median_ms * 1e3 for name, fn in calls.items()}
             real = flops(lens, causal)
             pad = flops([S] * B, causal)
             row = {"dtype": dtype, "causal": causal, "lens": lens, "check_rel_error": worst, "ok": ok,
