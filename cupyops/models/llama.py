@@ -13,7 +13,7 @@ cupyops operator, one decoder layer being
     q, k, v     = views of matmul(h, W_qkv.T)                   (one GEMM for the three)
     q, k        = rope(q, k, positions, cos_sin_cache=...)      (in place, on the views)
     kv_cache_append(k_cache, v_cache, k, v, block_table, ...)   (the new tokens' pages)
-    a           = attention(q, k, v, causal=True)               (prefill, per sequence)
+    a           = attention_varlen(q, k, v, cu_seqlens, ...)   (prefill, the prompts packed)
                   attention_paged(q, k_cache, v_cache, ...)     (decode)
     x, residual = add_rms_norm(matmul(a, W_o.T), residual, post_attention_layernorm)
     x           = matmul(silu_and_mul(matmul(x, W_gate_up.T)), W_down.T)
@@ -290,15 +290,17 @@ class Llama:
         cfg = self.cfg
         zero = cp.zeros(1, cp.int32)
 
+        cu = cp.asarray(starts.astype(np.int32))
+        longest = max(lens)
+
         def attend(layer, q, k, v):
-            out = cp.empty((q.shape[0], cfg.num_attention_heads * cfg.head_dim), q.dtype)
             for i, (s, e) in enumerate(zip(starts[:-1], starts[1:])):
-                kk, vv = k[s:e][None], v[s:e][None]
                 seq = first + i
-                cupyops.kv_cache_append(cache.k[layer], cache.v[layer], kk, vv, table[seq:seq + 1], zero)
-                a = cupyops.attention(q[s:e][None], kk, vv, causal=True)
-                out[s:e] = a.reshape(e - s, -1)
-            return out
+                cupyops.kv_cache_append(cache.k[layer], cache.v[layer], k[s:e][None], v[s:e][None],
+                                        table[seq:seq + 1], zero)
+            # every prompt in one call, packed (each sees only its own tokens)
+            a = cupyops.attention_varlen(q, k, v, cu, cu, max_seqlen_q=longest, max_seqlen_k=longest, causal=True)
+            return a.reshape(q.shape[0], -1)
 
         h = self._layers(self._embed(ids), positions, attend)
         for i, n in enumerate(lens):
