@@ -112,3 +112,16 @@ def test_refusal_off_sm90_names_the_gpu(monkeypatch):
     assert "cuTensorMapEncodeTiled" in _tma.sm90a_reason(W.KERNELS, h100, "'flash3'")
     monkeypatch.setattr(_tma, "available", lambda: True)
     assert _tma.sm90a_reason(W.KERNELS, h100, "'flash3'") is None and W.runs_here(h100)
+
+
+@pytest.mark.parametrize("D", W.HEAD_DIMS)
+def test_packed_sequences_take_one_block_a_tile_and_the_packed_rows_in_their_maps(D):
+    import dataclasses
+
+    p = dataclasses.replace(_problem(D=D, Sq=4096, Skv=4096, B=8), causal=False, cu_q=object(), cu_k=object(),
+                            total_q=9000, total_k=9100)
+    cfg = W.default_config(p)
+    assert not W.CONFIGS[D][cfg].persistent
+    assert cfg + "_pg" == W.default_config(dataclasses.replace(p, cu_q=None))
+    dims = [spec[0] for spec in W._specs(p, cfg)]
+    assert dims[0][1:] == (9000, p.Hq, 1) and dims[1][1:] == dims[2][1:] == (9100, p.Hkv, 1)
