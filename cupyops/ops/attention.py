@@ -96,33 +96,16 @@ def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, lay
     1..256. Returns the output (q's shape, dtype and layout), or (output, lse) with
     ``return_lse``: lse float32 [batch, q_heads, q_len], the natural-log log-sum-exp of each
     row's scaled scores."""
-    q = _arrays.as_input(q, "q")
-    k = _arrays.as_input(k, "k")
-    v = _arrays.as_input(v, "v")
-    dt = _arrays.check_dtype(q, "q", _dtypes.FLOAT_TYPES)
-    for x, name in ((k, "k"), (v, "v")):
-        if _arrays.is_cupy(x) != _arrays.is_cupy(q):
-            raise TypeError(f"{name}: must live where q does (both CuPy or both NumPy arrays)")
-        if _dtypes.dtype_name(x.dtype) != dt:
-            raise TypeError(f"{name}: dtype {_dtypes.dtype_name(x.dtype)} does not match q's {dt}; "
-                            "mixed dtypes are not supported")
+    q, k, v, dt = operands(q, k, v)
     if not isinstance(layout, str) or layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}")
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
         _arrays.check_ndim(x, name, ndim=4)
     B, Sq, Hq, D = _dims(q, layout)
     Bk, Skv, Hkv, Dk = _dims(k, layout)
-    if not 1 <= D <= MAX_HEAD_DIM:
-        raise ValueError(f"q: head_dim must be in 1..{MAX_HEAD_DIM}, got {D} (shape {tuple(q.shape)})")
-    if Bk != B:
+    if Bk != B and 1 <= D <= MAX_HEAD_DIM:
         raise ValueError(f"k: batch size {Bk} does not match q's {B}")
-    if Dk != D:
-        raise ValueError(f"k: head_dim {Dk} does not match q's {D}")
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
-    if Hkv == 0 and Hq > 0 or Hkv > 0 and Hq % Hkv:
-        raise ValueError(f"k: kv_heads ({Hkv}) must divide q_heads ({Hq}): each kv head serves "
-                         "q_heads // kv_heads query heads")
+    check_heads(q, k, v, D, Dk, Hq, Hkv)
     causal = _flag(causal, "causal")
     if not isinstance(causal_align, str) or causal_align not in CAUSAL_ALIGNS:
         raise ValueError(f"causal_align: expected one of {', '.join(map(repr, CAUSAL_ALIGNS))}, "
@@ -132,11 +115,7 @@ def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, lay
     _arrays.check_impl(impl, LADDER, "attention")
     if impl != "auto" and dt not in dtypes_of(impl):
         raise TypeError(f"impl: {impl!r} supports {', '.join(dtypes_of(impl))}, not {dt}")
-    out = _arrays.check_out(out, q, q.shape, q.dtype)
-    if out is not None and _arrays.is_cupy(out) and out.size:
-        for x, name in ((k, "k"), (v, "v")):
-            if _arrays._shares_memory_with(out, x):
-                raise ValueError(f"out: must not overlap the input {name}")
+    out = check_out(out, q, k, v)
 
     # The rung is chosen, and its own limits checked, on the problem as it will be launched:
     # operands still to be copied (NumPy input, unusable strides) and a new output stand in
@@ -187,6 +166,44 @@ def _hopper():
 
 
 # ------------------------------------------------------------------------- checking
+def operands(q, k, v):
+    """(q, k, v as arrays, q's dtype name): k and v live where q does, in its dtype."""
+    q = _arrays.as_input(q, "q")
+    k = _arrays.as_input(k, "k")
+    v = _arrays.as_input(v, "v")
+    dt = _arrays.check_dtype(q, "q", _dtypes.FLOAT_TYPES)
+    for x, name in ((k, "k"), (v, "v")):
+        if _arrays.is_cupy(x) != _arrays.is_cupy(q):
+            raise TypeError(f"{name}: must live where q does (both CuPy or both NumPy arrays)")
+        if _dtypes.dtype_name(x.dtype) != dt:
+            raise TypeError(f"{name}: dtype {_dtypes.dtype_name(x.dtype)} does not match q's {dt}; "
+                            "mixed dtypes are not supported")
+    return q, k, v, dt
+
+
+def check_heads(q, k, v, D, Dk, Hq, Hkv):
+    """head_dim in range and shared by q and k, v shaped as k, kv_heads dividing q_heads."""
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"q: head_dim must be in 1..{MAX_HEAD_DIM}, got {D} (shape {tuple(q.shape)})")
+    if Dk != D:
+        raise ValueError(f"k: head_dim {Dk} does not match q's {D}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if Hkv == 0 and Hq > 0 or Hkv > 0 and Hq % Hkv:
+        raise ValueError(f"k: kv_heads ({Hkv}) must divide q_heads ({Hq}): each kv head serves "
+                         "q_heads // kv_heads query heads")
+
+
+def check_out(out, q, k, v):
+    """``out``: q's kind, shape and dtype, contiguous, apart from k and v."""
+    out = _arrays.check_out(out, q, q.shape, q.dtype)
+    if out is not None and _arrays.is_cupy(out) and out.size:
+        for x, name in ((k, "k"), (v, "v")):
+            if _arrays._shares_memory_with(out, x):
+                raise ValueError(f"out: must not overlap the input {name}")
+    return out
+
+
 def _dims(x, layout):
     """(batch, seq, heads, head_dim) of a 4-D operand in ``layout``."""
     b, a1, a2, d = x.shape

@@ -30,8 +30,8 @@ import numpy as np
 from .._interop import foreign_arrays
 from .. import _arrays, _dtypes
 from . import _attention_flash3
-from ._attention_problem import MAX_HEAD_DIM, AttentionProblem
-from .attention import CAUSAL_ALIGNS, _flag, _hopper, _scale
+from ._attention_problem import AttentionProblem
+from .attention import CAUSAL_ALIGNS, _flag, _hopper, _scale, check_heads, check_out, operands
 from .attention import attention as _attention
 
 VARIANTS = {
@@ -62,29 +62,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     output (q's shape and dtype), or (output, lse) with ``return_lse``: lse float32
     ``[q_heads, total_q]``, the natural-log log-sum-exp of each row's scaled scores.
     Query rows outside every sequence are left unwritten (zeros for a new output)."""
-    q = _arrays.as_input(q, "q")
-    k = _arrays.as_input(k, "k")
-    v = _arrays.as_input(v, "v")
-    dt = _arrays.check_dtype(q, "q", _dtypes.FLOAT_TYPES)
-    for x, name in ((k, "k"), (v, "v")):
-        if _arrays.is_cupy(x) != _arrays.is_cupy(q):
-            raise TypeError(f"{name}: must live where q does (both CuPy or both NumPy arrays)")
-        if _dtypes.dtype_name(x.dtype) != dt:
-            raise TypeError(f"{name}: dtype {_dtypes.dtype_name(x.dtype)} does not match q's {dt}; "
-                            "mixed dtypes are not supported")
+    q, k, v, dt = operands(q, k, v)
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
         _arrays.check_ndim(x, name, ndim=3)
     total_q, Hq, D = q.shape
     total_k, Hkv, Dk = k.shape
-    if not 1 <= D <= MAX_HEAD_DIM:
-        raise ValueError(f"q: head_dim must be in 1..{MAX_HEAD_DIM}, got {D} (shape {tuple(q.shape)})")
-    if Dk != D:
-        raise ValueError(f"k: head_dim {Dk} does not match q's {D}")
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
-    if Hkv == 0 and Hq > 0 or Hkv > 0 and Hq % Hkv:
-        raise ValueError(f"k: kv_heads ({Hkv}) must divide q_heads ({Hq}): each kv head serves "
-                         "q_heads // kv_heads query heads")
+    check_heads(q, k, v, D, Dk, Hq, Hkv)
     if max(total_q, total_k) > _INT32_MAX:
         raise ValueError(f"q: at most {_INT32_MAX} packed tokens, got {max(total_q, total_k)}")
     cu_q = _offsets(cu_seqlens_q, "cu_seqlens_q", q)
@@ -101,11 +84,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     scale = 1.0 / math.sqrt(D) if scale is None else _scale(scale)
     return_lse = _flag(return_lse, "return_lse")
     _arrays.check_impl(impl, VARIANTS["attention_varlen"], "attention_varlen")
-    out = _arrays.check_out(out, q, q.shape, q.dtype)
-    if out is not None and _arrays.is_cupy(out) and out.size:
-        for x, name in ((k, "k"), (v, "v")):
-            if _arrays._shares_memory_with(out, x):
-                raise ValueError(f"out: must not overlap the input {name}")
+    out = check_out(out, q, k, v)
 
     host = not _arrays.is_cupy(q)
     # the offsets on the host where they are there already, where a length is missing or
