@@ -96,7 +96,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
         max_q, max_k = max_q if max_q is not None else offsets[2], max_k if max_k is not None else offsets[3]
     launches = batch > 0 and Hq > 0 and max_q > 0 and total_q > 0
 
-    flash3 = None  # the packed problem, where flash3 takes it
+    flash3 = False  # whether flash3 runs the packed problem
     if launches and impl in ("auto", "flash3"):
         probe = _problem(dt, batch, Hq, Hkv, max_q, max_k, D, q, k, v, out if out is not None and not host else q,
                          None, scale, causal, causal_align, cu_q, cu_k, total_q, total_k, fresh=host)
