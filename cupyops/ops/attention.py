@@ -106,12 +106,7 @@ def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, lay
     if Bk != B and 1 <= D <= MAX_HEAD_DIM:
         raise ValueError(f"k: batch size {Bk} does not match q's {B}")
     check_heads(q, k, v, D, Dk, Hq, Hkv)
-    causal = _flag(causal, "causal")
-    if not isinstance(causal_align, str) or causal_align not in CAUSAL_ALIGNS:
-        raise ValueError(f"causal_align: expected one of {', '.join(map(repr, CAUSAL_ALIGNS))}, "
-                         f"got {causal_align!r}")
-    scale = 1.0 / math.sqrt(D) if scale is None else _scale(scale)
-    return_lse = _flag(return_lse, "return_lse")
+    causal, scale, return_lse = check_options(causal, causal_align, scale, return_lse, D)
     _arrays.check_impl(impl, LADDER, "attention")
     if impl != "auto" and dt not in dtypes_of(impl):
         raise TypeError(f"impl: {impl!r} supports {', '.join(dtypes_of(impl))}, not {dt}")
@@ -192,6 +187,17 @@ def check_heads(q, k, v, D, Dk, Hq, Hkv):
     if Hkv == 0 and Hq > 0 or Hkv > 0 and Hq % Hkv:
         raise ValueError(f"k: kv_heads ({Hkv}) must divide q_heads ({Hq}): each kv head serves "
                          "q_heads // kv_heads query heads")
+
+
+def check_options(causal, causal_align, scale, return_lse, D):
+    """(causal, the scale, return_lse) checked: bools, an alignment, a finite scale or None
+    (1 / sqrt(head_dim))."""
+    causal = _flag(causal, "causal")
+    if not isinstance(causal_align, str) or causal_align not in CAUSAL_ALIGNS:
+        raise ValueError(f"causal_align: expected one of {', '.join(map(repr, CAUSAL_ALIGNS))}, "
+                         f"got {causal_align!r}")
+    scale = 1.0 / math.sqrt(D) if scale is None else _scale(scale)
+    return causal, scale, _flag(return_lse, "return_lse")
 
 
 def check_out(out, q, k, v):

@@ -23,7 +23,6 @@ bounds, and query rows past a sequence's clamped length are left unwritten. Othe
 (NumPy offsets, a length not given, or the per_sequence rung) the offsets are read on the
 host and checked, and a bad value raises ValueError naming the argument.
 """
-import math
 
 import numpy as np
 
@@ -31,7 +30,7 @@ from .._interop import foreign_arrays
 from .. import _arrays, _dtypes
 from . import _attention_flash3
 from ._attention_problem import AttentionProblem
-from .attention import CAUSAL_ALIGNS, _flag, _hopper, _scale, check_heads, check_out, operands
+from .attention import _Fresh, _hopper, _needs_copy, check_heads, check_options, check_out, operands
 from .attention import attention as _attention
 
 VARIANTS = {
@@ -77,12 +76,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     batch = cu_q.shape[0] - 1
     max_q = _max_len(max_seqlen_q, "max_seqlen_q", total_q)
     max_k = _max_len(max_seqlen_k, "max_seqlen_k", total_k)
-    causal = _flag(causal, "causal")
-    if not isinstance(causal_align, str) or causal_align not in CAUSAL_ALIGNS:
-        raise ValueError(f"causal_align: expected one of {', '.join(map(repr, CAUSAL_ALIGNS))}, "
-                         f"got {causal_align!r}")
-    scale = 1.0 / math.sqrt(D) if scale is None else _scale(scale)
-    return_lse = _flag(return_lse, "return_lse")
+    causal, scale, return_lse = check_options(causal, causal_align, scale, return_lse, D)
     _arrays.check_impl(impl, VARIANTS["attention_varlen"], "attention_varlen")
     out = check_out(out, q, k, v)
 
@@ -98,8 +92,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
 
     flash3 = False  # whether flash3 runs the packed problem
     if launches and impl in ("auto", "flash3"):
-        probe = _problem(dt, batch, Hq, Hkv, max_q, max_k, D, q, k, v, out if out is not None and not host else q,
-                         None, scale, causal, causal_align, cu_q, cu_k, total_q, total_k, fresh=host)
+        # (judged, as attention() does, on the operands as they will be launched: fresh
+        # contiguous pool arrays for NumPy input and for views the kernels cannot address)
+        probe = _problem(dt, batch, Hq, Hkv, max_q, max_k, D,
+                         *(_Fresh(x.shape, x.dtype) if host or _needs_copy(x) else x for x in (q, k, v)),
+                         out if out is not None and not host else _Fresh(q.shape, q.dtype),
+                         None, scale, causal, causal_align, cu_q, cu_k, total_q, total_k)
         hopper = _hopper()
         reason = _attention_flash3.supports("flash3", probe) if hopper else "impl: 'flash3' needs an sm_90 GPU"
         if reason is None:
@@ -120,8 +118,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
         if flash3:
             cq = cp.ascontiguousarray(cp.asarray(cu_q, dtype=np.int32))
             ck = cp.ascontiguousarray(cp.asarray(cu_k, dtype=np.int32))
-            if host or any(_copy_for_flash3(x) for x in (qd, kd, vd)):
-                qd, kd, vd = (cp.ascontiguousarray(x) for x in (qd, kd, vd))
+            qd, kd, vd = (cp.ascontiguousarray(x) if _needs_copy(x) else x for x in (qd, kd, vd))
             p = _problem(dt, batch, Hq, Hkv, max_q, max_k, D, qd, kd, vd, y, lse, scale, causal, causal_align,
                          cq, ck, total_q, total_k)
             _attention_flash3.launch("flash3", p)
@@ -182,13 +179,6 @@ def _host_offsets(cu_q, cu_k, total_q, total_k, max_q, max_k):
     return found[0], found[2], found[1], found[3]
 
 
-def _copy_for_flash3(x):
-    """A device operand whose head_dim axis is not unit-stride or has a negative stride."""
-    item = x.itemsize
-    return any(n > 1 and (s < 0 or s % item) for n, s in zip(x.shape, x.strides)) or \
-        (x.shape[-1] > 1 and x.strides[-1] != item)
-
-
 def _row_strides(x):
     """(batch, row, head) element strides of a packed [rows, heads, head_dim] operand: batch
     0 (one packed batch), an axis of extent 1 never stepped."""
@@ -196,19 +186,8 @@ def _row_strides(x):
     return (0, x.strides[0] // item if x.shape[0] > 1 else 0, x.strides[1] // item if x.shape[1] > 1 else 0)
 
 
-class _Fresh:
-    """A contiguous pool array still to be made (NumPy input): shape, dtype, strides, ptr 0."""
-
-    def __init__(self, x):
-        self.shape, self.dtype, self.itemsize = tuple(x.shape), x.dtype, x.dtype.itemsize
-        self.strides = (x.shape[1] * x.shape[2] * self.itemsize, x.shape[2] * self.itemsize, self.itemsize)
-        self.data = type("Ptr", (), {"ptr": 0})()
-
-
 def _problem(dt, batch, Hq, Hkv, max_q, max_k, D, q, k, v, o, lse, scale, causal, causal_align, cq, ck, total_q,
-             total_k, fresh=False):
-    if fresh:
-        q, k, v, o = (_Fresh(x) for x in (q, k, v, o))
+             total_k):
     return AttentionProblem(
         dtype=dt, B=batch, Hq=Hq, Hkv=Hkv, Sq=max_q, Skv=max_k, D=D, Q=q, K=k, V=v, O=o, LSE=lse,
         q_strides=_row_strides(q), k_strides=_row_strides(k), v_strides=_row_strides(v), o_strides=_row_strides(o),
