@@ -430,7 +430,10 @@ static PyObject *Replay_cupy(Replay *r, PyObject *arrays) {
 }
 
 /* Replay.set_torch(form, make, raw_stream, raw_alloc, raw_delete): how torch calls make
-   their output (FastCall._torch_output_form) and reach torch's stream and allocator. */
+   their output (FastCall._torch_output_form) and reach torch's stream and allocator. The
+   first call sets them and later ones change nothing: two threads' first torch calls may
+   both get here with the same answers, and replacing a maker that the other thread's
+   Replay.torch is calling (the Python call in it may let this thread in) could free it. */
 static PyObject *Replay_set_torch(Replay *r, PyObject *args) {
     PyObject *make, *rs, *ra, *rd;
     int form;
@@ -439,6 +442,7 @@ static PyObject *Replay_set_torch(Replay *r, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "form: 0, 1 or 2");
         return NULL;
     }
+    if (r->torch_make) Py_RETURN_NONE; /* set already */
     Py_INCREF(make); Py_INCREF(rs); Py_INCREF(ra); Py_INCREF(rd);
     Py_XSETREF(r->torch_make, make);
     Py_XSETREF(r->raw_stream, rs);

@@ -282,7 +282,7 @@ def build_from_launcher(launches, inputs, output):
     return build((lists, lists), inputs, output, work)
 
 
-_LIKE_FIRST, _NEW_OF_FIRST = "empty_like(first)", "first.new_empty(shape)"  # torch output forms
+LIKE_FIRST, NEW_OF_FIRST, EMPTY = 0, 1, 2  # how a torch call makes its output (_torch_output_form)
 
 # A CuPy FastCall keeps its last output block and its workspace for the next call on the
 # same stream: CuPy's pool costs about as much host time per allocation and free as the
@@ -326,7 +326,7 @@ class FastCall:
         self._shape, self._dtype = output  # of the result
         self._work, self._work_bytes = _offsets(work) if work else ((), 0)
         self.device = device
-        self._torch_like = None  # _torch_output_form
+        self._torch_like = None  # (form, maker): _torch_output_form
         self._keep_output = self._dtype.itemsize * int(np.prod(self._shape)) <= KEEP_BYTES
         self._keep_work = self._work_bytes <= KEEP_BYTES
         self._kept = [None, None]  # CuPy: the last output block, the workspace
@@ -406,7 +406,14 @@ class FastCall:
         """Run on CUDA torch tensors (on this FastCall's device, which the key names); the
         result as a torch tensor (None: the checked path's turn). The output comes from
         ``torch.empty``, the workspace from torch's caching allocator for the current
-        stream, given back once the launches are queued (as torch's own temporaries)."""
+        stream, given back once the launches are queued (as torch's own temporaries). Where
+        the C replay exists it runs every torch call, the first included: a Python launch
+        here would write the parameter blocks it writes, without its lock."""
+        if self._replay is not None:
+            self._replay.set_torch(*self._torch_output_form(tensors), raw_stream, _torch_raw_alloc,
+                                   _torch_raw_delete)
+            self.torch = self._replay.torch
+            return self.torch(tensors)
         dev = self.device
         if _get_device() != dev:  # the kernels belong to the current device's context
             return None
@@ -414,20 +421,11 @@ class FastCall:
         launches = self._launches(addrs)
         if launches is None:
             return None
-        like = self._torch_like
-        if like is None:
-            like = self._torch_like = self._torch_output_form(tensors)
-            if self._replay is not None:  # from now on the C replay's torch steps
-                self._replay.set_torch(*self._c_torch_form(like), raw_stream, _torch_raw_alloc,
-                                       _torch_raw_delete)
-                self.torch = self._replay.torch
-                return self.torch(tensors)
-        if like is _LIKE_FIRST:  # (the argument parsing of torch.empty costs more than the rest)
-            y = _torch_empty_like(tensors[0])
-        elif like is _NEW_OF_FIRST:
-            y = tensors[0].new_empty(self._shape)
-        else:
-            y = _torch_empty(self._shape, dtype=like, device=dev)
+        if self._torch_like is None:
+            self._torch_like = self._torch_output_form(tensors)
+        form, make = self._torch_like
+        y = make(tensors[0]) if form == LIKE_FIRST else tensors[0].new_empty(self._shape) if form == NEW_OF_FIRST \
+            else make()
         addrs.append(y.data_ptr())
         stream = raw_stream(dev)
         base = _torch_raw_alloc(self._work_bytes, stream) if self._work_bytes else 0
@@ -443,24 +441,17 @@ class FastCall:
                 _torch_raw_delete(base)
         return y
 
-    def _c_torch_form(self, like):
-        """(the Replay's output form, its maker) for ``like`` (_torch_output_form)."""
-        if like is _LIKE_FIRST:
-            return 0, _torch_empty_like
-        if like is _NEW_OF_FIRST:
-            return 1, None
-        return 2, functools.partial(_torch_empty, self._shape, dtype=like, device=self.device)
-
     def _torch_output_form(self, tensors):
-        """How a torch call makes its output, the cheapest form that gives it: like the
-        first input (same shape and dtype, C-contiguous: the key fixes its strides), a new
-        tensor of the first input's dtype, or the torch dtype for torch.empty."""
+        """How a torch call makes its output, (form, maker), the cheapest form that gives it:
+        like the first input (same shape and dtype, C-contiguous: the key fixes its strides;
+        torch.empty's argument parsing costs more than the rest), a new tensor of the first
+        input's dtype (no maker), or torch.empty of the shape, dtype and device."""
         first, dtype = tensors[0], TORCH_DTYPES[self._dtype]
         if first is None or first.dtype != dtype:
-            return dtype
+            return EMPTY, functools.partial(_torch_empty, self._shape, dtype=dtype, device=self.device)
         if tuple(first.shape) == self._shape and first.is_contiguous():
-            return _LIKE_FIRST
-        return _NEW_OF_FIRST
+            return LIKE_FIRST, _torch_empty_like
+        return NEW_OF_FIRST, None
 
 
 _REQUIRED = object()  # a Declared parameter without a default

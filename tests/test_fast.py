@@ -128,7 +128,8 @@ def fake(monkeypatch, request):
     monkeypatch.setattr(_fast, "CUPY_ARRAY", FakeArray)
     monkeypatch.setattr(_fast, "_cupy_alloc", cupy_alloc)
     monkeypatch.setattr(_fast, "_cupy_stream", lambda: stream.ptr)
-    monkeypatch.setattr(_fast, "_get_device", lambda: 0)
+    device = [0]  # the current device (a test may change it)
+    monkeypatch.setattr(_fast, "_get_device", lambda: device[0])
     monkeypatch.setattr(_fast, "_FREE_REFS", _fast._block_refs([FakeMemoryPointer()]))
     made, raw = [], []
 
@@ -156,11 +157,12 @@ def fake(monkeypatch, request):
 
     c_capturing = _CAPTURING_C(is_capturing)
     if use_c:  # the C signature functions and replays see the stand-ins too
-        old = _fast._cfast.bind(cupy_type=FakeArray, torch_types=frozenset({FakeTensor}), get_device=lambda: 0,
+        old = _fast._cfast.bind(cupy_type=FakeArray, torch_types=frozenset({FakeTensor}), get_device=lambda: device[0],
                                 is_capturing=ctypes.cast(c_capturing, ctypes.c_void_p).value)
         request.addfinalizer(lambda: _fast._cfast.bind(**old))
-    return types.SimpleNamespace(launched=launched, allocated=allocated, made=made, raw=raw, stream=stream,
-                                 use_c=use_c, c_driver=c_driver, capture=capture, c_capturing=c_capturing)
+    return types.SimpleNamespace(device=device, launched=launched, allocated=allocated, made=made, raw=raw,
+                                 stream=stream, use_c=use_c, c_driver=c_driver, capture=capture,
+                                 c_capturing=c_capturing)
 
 
 def test_row_fast_call_launches_in_kernel_order(fake):
@@ -358,11 +360,11 @@ def test_a_torch_call_files_both_keys(fake, declared):
     assert len(seen) == 1
 
 
-def test_a_torch_call_on_another_current_device_takes_the_checked_path(fake, monkeypatch):
+def test_a_torch_call_on_another_current_device_takes_the_checked_path(fake):
     fast, op = _checked_op([])
     t = FakeTensor((4, 32), np.dtype(np.float32), ptr=0xB000)
     fast.checked(op, (FakeArray((4, 32), np.float32, ptr=0xB000),), {}, torch_args=((t,), {}))
-    monkeypatch.setattr(_fast, "_get_device", lambda: 1)  # the kernels live in device 0's context
+    fake.device[0] = 1  # the kernels live in device 0's context (the C replay's device query too)
     assert fast.run_torch((t,), {}) is None
 
 
@@ -406,6 +408,21 @@ def test_the_c_replay_and_finder_are_what_runs(fake):
         assert fc.cupy == fc._replay.cupy
     else:
         assert fc._replay is None and fast.run_cupy.__func__ is _fast.FastCalls.run_cupy
+
+
+def test_a_replay_keeps_its_first_torch_form(fake):
+    # two threads' first torch calls may both tell the C replay how to make the output;
+    # the first answer stays (a second could free a maker the other thread is calling)
+    if not fake.use_c:
+        pytest.skip("the C replay's")
+    x = FakeArray((4, 32), np.float32, ptr=0x1000)
+    y = FakeArray((4, 32), np.float32)
+    one = [(FakeFunction(), (1,), (32,), 0, (x, y))]
+    fc = _fast.build((one, one), (x,), y)
+    t = FakeTensor((4, 32), "torch.float32", 0x2000)
+    assert fc.torch((t,))._ptr == 0xC00000  # empty_like
+    fc._replay.set_torch(2, lambda: pytest.fail("replaced"), *(lambda *a: 0,) * 3)
+    assert fc.torch((t,))._ptr == 0xC00000
 
 
 def test_a_failed_launch_raises_from_the_c_replay(fake, monkeypatch):
