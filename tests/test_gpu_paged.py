@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 import cupyops
 from cupyops import _dtypes, reference
 from cupyops.ops import _attention_decode as M
+from test_gpu_attention import check_lse
 
 pytestmark = pytest.mark.gpu
 
 HYPO = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 I32 = np.int32
-LSE_ATOL, LSE_RTOL = 1e-3, 1e-5  # as tests/test_gpu_attention.py
 LENS = [1, 2, 15, 16, 17, 64, 100, 255, 257, 1000, 1823]
 HEADS = [(1, 1), (4, 4), (4, 2), (8, 1), (6, 3), (32, 8)]  # (q_heads, kv_heads): MHA, GQA, MQA
 HEAD_DIMS = [1, 3, 40, 64, 80, 128, 256]  # 1 and 3: rows not a multiple of 16 bytes (element loads)
@@ -103,17 +103,6 @@ def check_out(got, ref, dtype, what, no_key=None):
     assert err <= tol, f"{what}: rel error {err:.3g} > {tol:.3g}"
     if no_key is not None and no_key.any():
         assert np.all(got[no_key] == 0), f"{what}: a row that sees no key is not exactly 0"
-
-
-def check_lse(lse, ref_lse, what):
-    got = (lse.get() if hasattr(lse, "get") else np.asarray(lse))
-    assert got.dtype == np.float32 and got.shape == ref_lse.shape, f"{what}: lse {got.dtype} {got.shape}"
-    got = got.astype(np.float64)
-    assert not np.isnan(got).any(), f"{what}: NaN in lse"
-    inf = np.isneginf(ref_lse)
-    assert np.array_equal(np.isneginf(got), inf), f"{what}: -inf entries of lse differ"
-    diff = np.abs(got[~inf] - ref_lse[~inf])
-    assert np.all(diff <= LSE_ATOL + LSE_RTOL * np.abs(ref_lse[~inf])), f"{what}: lse off by {diff.max():.3g}"
 
 
 def run_paged(dtype, lens, Sq, Hq, Hkv, D, P, causal=True, scale=None, cache_view="separate",

@@ -40,7 +40,8 @@ import struct
 import numpy as np
 
 import cupyops
-from .. import _arrays, _dtypes
+from .. import _arrays, _dtypes, _launch
+from ..ops import _attention_flash3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,20 +287,23 @@ class Llama:
         table = cache.block_table()
         ids = cp.asarray(np.concatenate([np.asarray(p, np.int64) for p in prompts]))
         positions = cp.asarray(np.concatenate([np.arange(n, dtype=np.int32) for n in lens]))
-        starts = np.concatenate([[0], np.cumsum(lens)])
-        cfg = self.cfg
-        zero = cp.zeros(1, cp.int32)
-
-        cu = cp.asarray(starts.astype(np.int32))
+        starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        # each token its own row of the append (its prompt's pages, its position): one
+        # kv_cache_append a layer for every prompt
+        token_table = table[cp.asarray(np.repeat(np.arange(first, first + len(lens)), lens))]
+        # the offsets on the GPU where attention_varlen runs its flash3 kernel (which reads them
+        # there), else on the host, where its per_sequence rung reads them: no read back a layer
+        flash3 = self.cfg.dtype != "float32" and self.cfg.head_dim in _attention_flash3.HEAD_DIMS and \
+            _attention_flash3.runs_here(_launch.device_props())
+        cu = cp.asarray(starts) if flash3 else starts
         longest = max(lens)
+        a = cp.empty((len(ids), self.cfg.num_attention_heads, self.cfg.head_dim), self.w["embed"].dtype)
 
         def attend(layer, q, k, v):
-            for i, (s, e) in enumerate(zip(starts[:-1], starts[1:])):
-                seq = first + i
-                cupyops.kv_cache_append(cache.k[layer], cache.v[layer], k[s:e][None], v[s:e][None],
-                                        table[seq:seq + 1], zero)
-            # every prompt in one call, packed (each sees only its own tokens)
-            a = cupyops.attention_varlen(q, k, v, cu, cu, max_seqlen_q=longest, max_seqlen_k=longest, causal=True)
+            cupyops.kv_cache_append(cache.k[layer], cache.v[layer], k[:, None], v[:, None], token_table, positions)
+            # every prompt in one call, packed (each sees only its own tokens); out= a buffer
+            # every row of which is written (no zero fill)
+            cupyops.attention_varlen(q, k, v, cu, cu, max_seqlen_q=longest, max_seqlen_k=longest, causal=True, out=a)
             return a.reshape(q.shape[0], -1)
 
         h = self._layers(self._embed(ids), positions, attend)

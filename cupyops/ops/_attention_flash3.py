@@ -32,7 +32,6 @@ VARIANTS = {
     "consumers taking turns on the tensor cores (float16, bfloat16; head_dim 64, 96, 128, 256)",
 }
 DTYPES = {"flash3": ("float16", "bfloat16")}
-VARLEN = ("flash3",)  # the rungs that take packed sequences (AttentionProblem.cu_q)
 ARCH = "sm_90a"
 BR = 128  # query rows of a work tile with two consumer warpgroups (64 each), the most tiles
 SERIAL, OVERLAP, PINGPONG = 0, 1, 2  # the consumers' schedule (the kernel's SCHED)

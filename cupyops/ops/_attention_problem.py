@@ -54,7 +54,7 @@ class AttentionProblem:
     scale: float
     causal: bool
     causal_offset: int  # top_left: 0; bottom_right: Skv - Sq
-    # Packed sequences (attention_varlen; the rungs that take them say so in VARLEN): int32
+    # Packed sequences (attention_varlen, which only hands them to flash3): int32
     # [B + 1] CuPy arrays, sequence b being query rows [cu_q[b], cu_q[b + 1]) of Q and O and
     # keys [cu_k[b], cu_k[b + 1]) of K and V, whose batch axis is then 1 (batch strides 0)
     # and whose rows number total_q and total_k. Sq and Skv are then the longest sequence's

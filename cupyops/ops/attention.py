@@ -140,7 +140,7 @@ def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, lay
         if lse is not None:
             lse.fill(-np.inf)
     elif launches:
-        ops = [_arrays.to_device(x, call) if host else (cp.ascontiguousarray(x) if _needs_copy(x) else x)
+        ops = [_arrays.to_device(x, call) if host else addressable(x)
                for x in (q, k, v)]
         p = _problem(dt, (B, Hq, Hkv, Sq, Skv, D), layout, ops, y, lse, scale, causal, offset)
         _LAUNCHERS[impl].launch(impl, p)
@@ -264,12 +264,22 @@ def _needs_copy(x):
     return x.shape[-1] > 1 and x.strides[-1] != item
 
 
-def _strides(x, layout):
-    """(batch, seq, head) element strides of ``x``; 0 on an axis of extent 1 (never
+def addressable(x):
+    """x, or a contiguous copy where the kernels cannot address it (_needs_copy)."""
+    return _arrays.cupy_module().ascontiguousarray(x) if _needs_copy(x) else x
+
+
+def lead_strides(x, n):
+    """The element strides of ``x``'s first ``n`` axes; 0 on an axis of extent 1 (never
     stepped), so such an axis does not spoil 16-byte alignment."""
     item = x.itemsize
-    st = [s // item if n > 1 else 0 for n, s in zip(x.shape, x.strides)]
-    return (st[0], st[1], st[2]) if layout == "bshd" else (st[0], st[2], st[1])
+    return tuple(s // item if d > 1 else 0 for d, s in zip(x.shape[:n], x.strides[:n]))
+
+
+def _strides(x, layout):
+    """(batch, seq, head) element strides of ``x`` (lead_strides)."""
+    st = lead_strides(x, 3)
+    return st if layout == "bshd" else (st[0], st[2], st[1])
 
 
 def _problem(dt, dims, layout, qkv, o, lse, scale, causal, offset):

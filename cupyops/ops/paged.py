@@ -25,7 +25,7 @@ from .._interop import foreign_arrays
 from .. import _arrays, _dtypes, _fast
 from . import _attention_decode
 from ._attention_problem import MAX_HEAD_DIM, AttentionProblem
-from .attention import _flag, _needs_copy, _scale, _strides
+from .attention import _flag, _needs_copy, _scale, _strides, addressable, lead_strides
 
 _PAGED = ", ".join(_attention_decode.PAGED_DTYPES)
 _ALL = ", ".join(_dtypes.FLOAT_TYPES)
@@ -151,9 +151,9 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, causal=True, 
         if host:
             qd, kd, vd, btd, sld = (_arrays.to_device(x, call) for x in (q, k_cache, v_cache, block_table, seq_lens))
         else:
-            qd = cp.ascontiguousarray(q) if _needs_copy(q) else q
+            qd = addressable(q)
             kd, vd = k_cache, v_cache
-            btd, sld = _readable_ints(block_table, cp), _readable_ints(seq_lens, cp)
+            btd, sld = addressable(block_table), addressable(seq_lens)
         pp = _attention_decode.PagedProblem(
             problem=_problem(dt, (B, Hq, Hkv, Sq, capacity, D), [qd, kd, vd], y, lse, scale, causal),
             block_table=btd, bt_stride=btd.strides[0] // 4 if max_pages and B > 1 else 0, seq_lens=sld,
@@ -239,8 +239,7 @@ def _kv_cache_append(k_cache, v_cache, k, v, block_table, positions):
         kc, vc, kd, vd, btd, pd = (_arrays.to_device(x, call) for x in (k_cache, v_cache, k, v, block_table, positions))
     else:
         kc, vc = k_cache, v_cache
-        kd, vd = (cp.ascontiguousarray(x) if _needs_copy(x) else x for x in (k, v))
-        btd, pd = _readable_ints(block_table, cp), _readable_ints(positions, cp)
+        kd, vd, btd, pd = (addressable(x) for x in (k, v, block_table, positions))
     strides = (*_strides(kc, "bshd"), *_strides(vc, "bshd"), *_strides(kd, "bshd"), *_strides(vd, "bshd"),
                btd.strides[0] // 4 if max_pages and B > 1 else 0)
     launches = _attention_decode.append_launches(dt, kc, vc, kd, vd, btd, pd, (B, N, H, D, num_pages, max_pages),
@@ -319,22 +318,15 @@ def _merge_packed(o_a, lse_a, o_b, lse_b):
         if host:
             ops = [_arrays.to_device(x, call) for x in (o_a, lse_a, o_b, lse_b)]
         else:
-            ops = [cp.ascontiguousarray(x) if _needs_copy(x) else x for x in (o_a, lse_a, o_b, lse_b)]
+            ops = [addressable(x) for x in (o_a, lse_a, o_b, lse_b)]
         oa, la, ob, lb = ops
-        strides = (*_strides2(oa), *_strides2(ob), *_strides2(la), *_strides2(lb))
+        strides = (*lead_strides(oa, 2), *lead_strides(ob, 2), *lead_strides(la, 2), *lead_strides(lb, 2))
         launches = _attention_decode.merge_states_launches(dt, oa, la, ob, lb, packed, T, H, D, strides)
         _fast.launch_checked(*launches)
         if not host and all(x is y for x, y in zip(ops, (o_a, lse_a, o_b, lse_b))):
             arrays = (o_a, lse_a, o_b, lse_b)
             _FAST["merge_attention_states"].offer(lambda: _fast.build_from_launcher(launches, arrays, packed))
     return _arrays.finish(packed, None, call)
-
-
-def _strides2(x):
-    """(token, head) element strides of a [tokens, heads, ...] array (0 on an axis of extent
-    1, never stepped)."""
-    item = x.itemsize
-    return tuple(s // item if n > 1 else 0 for n, s in zip(x.shape[:2], x.strides[:2]))
 
 
 # ------------------------------------------------------------------ shared checks
@@ -415,16 +407,6 @@ def _capacity(max_pages, P):
         raise ValueError(f"block_table: {max_pages} pages of {P} tokens exceed "
                          f"{_INT32_MAX - _KEY_HEADROOM} tokens a sequence")
     return capacity
-
-
-def _readable_ints(x, cp):
-    """A device int32 array the kernels can read (unit stride on the last axis, rows at any
-    non-negative stride): x itself, or a contiguous copy."""
-    item = x.itemsize
-    if any(n > 1 and (s < 0 or s % item) for n, s in zip(x.shape, x.strides)) or (
-            x.shape[-1] > 1 and x.strides[-1] != item):
-        return cp.ascontiguousarray(x)
-    return x
 
 
 def _check_host_pages(block_table, starts, n_new, P, num_pages, name):

@@ -30,7 +30,8 @@ from .._interop import foreign_arrays
 from .. import _arrays, _dtypes
 from . import _attention_flash3
 from ._attention_problem import AttentionProblem
-from .attention import _Fresh, _hopper, _needs_copy, check_heads, check_options, check_out, operands
+from .attention import _Fresh, _hopper, _needs_copy, addressable, check_heads, check_options, check_out, lead_strides, \
+    operands
 from .attention import attention as _attention
 
 VARIANTS = {
@@ -99,7 +100,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
                          out if out is not None and not host else _Fresh(q.shape, q.dtype),
                          None, scale, causal, causal_align, cu_q, cu_k, total_q, total_k)
         hopper = _hopper()
-        reason = _attention_flash3.supports("flash3", probe) if hopper else "impl: 'flash3' needs an sm_90 GPU"
+        reason = _attention_flash3.supports("flash3", probe) if hopper else "it runs on sm_90 GPUs"
         if reason is None:
             flash3 = True
         elif impl == "flash3":
@@ -118,7 +119,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
         if flash3:
             cq = cp.ascontiguousarray(cp.asarray(cu_q, dtype=np.int32))
             ck = cp.ascontiguousarray(cp.asarray(cu_k, dtype=np.int32))
-            qd, kd, vd = (cp.ascontiguousarray(x) if _needs_copy(x) else x for x in (qd, kd, vd))
+            qd, kd, vd = (addressable(x) for x in (qd, kd, vd))
             p = _problem(dt, batch, Hq, Hkv, max_q, max_k, D, qd, kd, vd, y, lse, scale, causal, causal_align,
                          cq, ck, total_q, total_k)
             _attention_flash3.launch("flash3", p)
@@ -181,9 +182,8 @@ def _host_offsets(cu_q, cu_k, total_q, total_k, max_q, max_k):
 
 def _row_strides(x):
     """(batch, row, head) element strides of a packed [rows, heads, head_dim] operand: batch
-    0 (one packed batch), an axis of extent 1 never stepped."""
-    item = x.itemsize
-    return (0, x.strides[0] // item if x.shape[0] > 1 else 0, x.strides[1] // item if x.shape[1] > 1 else 0)
+    0 (one packed batch)."""
+    return (0, *lead_strides(x, 2))
 
 
 def _problem(dt, batch, Hq, Hkv, max_q, max_k, D, q, k, v, o, lse, scale, causal, causal_align, cq, ck, total_q,
