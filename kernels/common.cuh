@@ -331,11 +331,26 @@ __device__ __forceinline__ void cluster_sync() {
 }
 // Read a float from the shared memory of block `rank` of this cluster, at the address
 // where `local` sits in ours.
-__device__ __forceinline__ float ld_dsmem(const float* local, unsigned rank) {
-    unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local)), r;
-    float v;
+// The address of `local`'s counterpart in the shared memory of cluster block `rank`.
+__device__ __forceinline__ unsigned dsmem_address(const void* local, unsigned rank) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local));
+    unsigned r;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+    return r;
+}
+__device__ __forceinline__ float ld_dsmem(const float* local, unsigned rank) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(dsmem_address(local, rank)) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned long long ld_dsmem_u64(const unsigned long long* local, unsigned rank) {
+    unsigned long long v;
+    asm volatile("ld.shared::cluster.u64 %0, [%1];" : "=l"(v) : "r"(dsmem_address(local, rank)) : "memory");
+    return v;
+}
+__device__ __forceinline__ int ld_dsmem_s32(const int* local, unsigned rank) {
+    int v;
+    asm volatile("ld.shared::cluster.s32 %0, [%1];" : "=r"(v) : "r"(dsmem_address(local, rank)) : "memory");
     return v;
 }
 

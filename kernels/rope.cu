@@ -76,6 +76,22 @@ __device__ __forceinline__ void rotate(float& a, float& b, float c, float s) {
     b = y * c + x * s;
 }
 
+
+template <typename T, typename CS>
+__device__ __forceinline__ void rope_item(const RopeRow<T>& row, int j, int half, int R, int gptj, CS cos_sin) {
+    if (j >= half) {
+        const int e = R + j - half;
+        row.dst[e] = row.src[e];
+        return;
+    }
+    float c, s;
+    cos_sin(j, c, s);
+    const int e1 = gptj ? 2 * j : j, e2 = gptj ? 2 * j + 1 : j + half;
+    float a = to_f32(row.src[e1]), b = to_f32(row.src[e2]);
+    rotate(a, b, c, s);
+    row.dst[e1] = from_f32<T>(a);
+    row.dst[e2] = from_f32<T>(b);
+}
 #define ROPE_ARGS                                                                                                 \
     const T *q, const T *k, const P *__restrict__ positions, const C *__restrict__ cache, T *qo, T *ko, i64 tokens, \
         int hq, int hkv, int D, int R, i64 q_ts, i64 q_hs, i64 k_ts, i64 k_hs, i64 qo_ts, i64 qo_hs, i64 ko_ts,     \
@@ -93,18 +109,8 @@ __global__ void rope_naive(ROPE_ARGS) {
     const int rem = (int)(slot - tok * heads * per_head);
     const int h = rem / per_head, j = rem - h * per_head;
     const RopeRow<T> row = rope_row(q, k, qo, ko, tok, h, hq, q_ts, q_hs, k_ts, k_hs, qo_ts, qo_hs, ko_ts, ko_hs);
-    if (j >= half) {
-        const int e = R + j - half;
-        row.dst[e] = row.src[e];
-        return;
-    }
-    float c, s;
-    rope_cos_sin(positions[tok], j, R, cache, cache_rows, base, c, s);
-    const int e1 = gptj ? 2 * j : j, e2 = gptj ? 2 * j + 1 : j + half;
-    float a = to_f32(row.src[e1]), b = to_f32(row.src[e2]);
-    rotate(a, b, c, s);
-    row.dst[e1] = from_f32<T>(a);
-    row.dst[e2] = from_f32<T>(b);
+    rope_item(row, j, half, R, gptj,
+              [&](int i, float& c, float& s) { rope_cos_sin(positions[tok], i, R, cache, cache_rows, base, c, s); });
 }
 
 // ------------------------------------------------------------------ fused
@@ -141,16 +147,7 @@ __global__ void __launch_bounds__(ROPE_MAX_THREADS) rope_fused(ROPE_ARGS, int al
         for (int it = threadIdx.x; it < (hq + hkv) * per_head; it += blockDim.x) {
             const int h = it / per_head, j = it - h * per_head;
             const RopeRow<T> row = rope_row(q, k, qo, ko, tok, h, hq, q_ts, q_hs, k_ts, k_hs, qo_ts, qo_hs, ko_ts, ko_hs);
-            if (j >= half) {
-                const int e = R + j - half;
-                row.dst[e] = row.src[e];
-                continue;
-            }
-            const int e1 = gptj ? 2 * j : j, e2 = gptj ? 2 * j + 1 : j + half;
-            float a = to_f32(row.src[e1]), b = to_f32(row.src[e2]);
-            rotate(a, b, cs[2 * j], cs[2 * j + 1]);
-            row.dst[e1] = from_f32<T>(a);
-            row.dst[e2] = from_f32<T>(b);
+            rope_item(row, j, half, R, gptj, [&](int i, float& c, float& s) { c = cs[2 * i], s = cs[2 * i + 1]; });
         }
         return;
     }

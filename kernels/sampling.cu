@@ -126,24 +126,23 @@ template <> struct SampleTraits<float> {
         return {__uint_as_float(b), (b & 0x80000000u) ? ~b : (b | 0x80000000u)};
     }
 };
-template <> struct SampleTraits<__half> {
+// The 16-bit types: their bits to float, and their traits (INF: the +inf bit pattern).
+template <typename H> __device__ __forceinline__ float bits16_to_f32(unsigned b);
+template <> __device__ __forceinline__ float bits16_to_f32<__half>(unsigned b) {
+    return __half2float(__ushort_as_half((unsigned short)b));
+}
+template <> __device__ __forceinline__ float bits16_to_f32<__nv_bfloat16>(unsigned b) { return __uint_as_float(b << 16); }
+template <typename H, unsigned INF> struct SampleTraits16 {
     static constexpr int KEY_BITS = 16;
-    static constexpr unsigned NEG_INF = 0xfc00u;
+    static constexpr unsigned NEG_INF = INF | 0x8000u;
     typedef unsigned short Bits;
     __device__ static __forceinline__ Logit read(unsigned b) {
-        b = sanitize16<0x7c00u>(b);
-        return {__half2float(__ushort_as_half((unsigned short)b)), order_key16(b)};
+        b = sanitize16<INF>(b);
+        return {bits16_to_f32<H>(b), order_key16(b)};
     }
 };
-template <> struct SampleTraits<__nv_bfloat16> {
-    static constexpr int KEY_BITS = 16;
-    static constexpr unsigned NEG_INF = 0xff80u;
-    typedef unsigned short Bits;
-    __device__ static __forceinline__ Logit read(unsigned b) {
-        b = sanitize16<0x7f80u>(b);
-        return {__uint_as_float(b << 16), order_key16(b)};
-    }
-};
+template <> struct SampleTraits<__half> : SampleTraits16<__half, 0x7c00u> {};
+template <> struct SampleTraits<__nv_bfloat16> : SampleTraits16<__nv_bfloat16, 0x7f80u> {};
 
 // e(v) = exp2((v - m) * s) in [0, 1]; -inf weighs nothing. The clamp keeps a v - m that
 // overflows finite (|logits| near 3.4e38) from making 0 * -inf = NaN where s == 0 (an
@@ -227,22 +226,6 @@ __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
     return r;
-}
-__device__ __forceinline__ unsigned dsmem_address(const void* local, unsigned rank) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local));
-    unsigned r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ u64 ld_dsmem_u64(const u64* local, unsigned rank) {
-    u64 v;
-    asm volatile("ld.shared::cluster.u64 %0, [%1];" : "=l"(v) : "r"(dsmem_address(local, rank)) : "memory");
-    return v;
-}
-__device__ __forceinline__ int ld_dsmem_s32(const int* local, unsigned rank) {
-    int v;
-    asm volatile("ld.shared::cluster.s32 %0, [%1];" : "=r"(v) : "r"(dsmem_address(local, rank)) : "memory");
-    return v;
 }
 #endif
 
