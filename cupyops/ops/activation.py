@@ -89,7 +89,7 @@ def _act_and_mul(op, x, tanh, out, impl):
         xd = _arrays.to_device(x, call)
         rows = y.size // d
         launches = _launches(op, impl, dt, tanh, xd, y, rows, d)
-        aligned = d % _launch.vec_width(dt) == 0 and not (xd.data.ptr | y.data.ptr) & 15
+        aligned = _launch.rows_aligned(_launch.vec_width(dt), d, xd, y)
         _fast.launch_checked(launches[aligned])
         if out is None and call is None and xd is x:  # the caller's own array: remember the call
             _FAST[op].offer(lambda: _fast.build(launches, (xd,), y))

@@ -58,8 +58,6 @@ KERNELS = KernelFile("norm.cu", _expressions())
 KERNEL_FILES = [KERNELS]
 
 
-
-
 def _fast_spec_add_rms_norm(sig, x, residual, weight, eps, inplace, impl, out0, out1):
     """add_rms_norm's fast-path signature: the arrays' layouts, eps, inplace and impl, for
     calls with no out=."""
