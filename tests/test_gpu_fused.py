@@ -22,10 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cupyops
-from cupyops import _dtypes, reference
+from cupyops import reference
 from cupyops.ops import activation as activation_op
 from cupyops.ops import norm as norm_op
 from cupyops.ops import rope as rope_op
+from gpu_helpers import _cp, dt, host
 
 pytestmark = pytest.mark.gpu
 
@@ -34,22 +35,6 @@ HYPO = settings(max_examples=12, deadline=None, suppress_health_check=[HealthChe
 AWKWARD = (1, 2, 3, 7, 8, 9, 16, 17, 31, 33, 127, 129, 255, 781, 1024, 1823, 2049, 4096, 4097)
 SEEDS = st.integers(0, 2**63 - 1)
 MODES = ("cupy", "numpy", "offset", "strided")
-
-
-def _cp():
-    import cupy
-
-    return cupy
-
-
-def dt(name):
-    return _dtypes.to_dtype(name)
-
-
-def host(a):
-    if type(a).__module__.startswith("torch"):
-        a = _cp().from_dlpack(a.detach())
-    return a.get() if type(a).__module__.startswith("cupy") else np.asarray(a)
 
 
 def rand(rng, shape, dtype, scale=1.0):

@@ -24,8 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cupyops
-from cupyops import _dtypes, reference
+from cupyops import reference
 from cupyops.ops import sampling
+from gpu_helpers import _cp, dt, host
 
 pytestmark = pytest.mark.gpu
 
@@ -34,22 +35,6 @@ DTYPES = ("float32", "float16", "bfloat16")
 VOCABS = (1, 17, 1823, 32000, 128256)
 TOL = 1e-5
 HYPO = settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-def _cp():
-    import cupy
-
-    return cupy
-
-
-def dt(name):
-    return _dtypes.to_dtype(name)
-
-
-def host(a):
-    if type(a).__module__.startswith("torch"):
-        a = a.cpu().numpy() if a.device.type == "cpu" else _cp().from_dlpack(a.detach())
-    return a.get() if type(a).__module__.startswith("cupy") else np.asarray(a)
 
 
 def place(values, mode):
