@@ -250,6 +250,6 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             }
             if (!stored) store_tile<OutT, BN>(acc, D, ldd, sc, m_row, n0);
         }
-        if (leader) bulk_wait<0>();  // the tensor stores are done before the block ends
+        if (leader) bulk_wait_read<0>();  // the stores have read shared memory before the block ends
     }
 }

@@ -355,7 +355,7 @@ __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA
             else
                 store_tile<T, BN>(acc, C + u.z * sC, D + u.z * sD, M, N, ldc, ldd, alpha, beta, m_row, u.tn * BN);
         });
-        if (leader) bulk_wait<0>();  // the tensor stores are done before the block ends
+        if (leader) bulk_wait_read<0>();  // the stores have read shared memory before the block ends
     }
     // No block leaves while another may still arrive on its barriers.
     if constexpr (CLUSTER > 1) cluster_sync();

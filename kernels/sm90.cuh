@@ -160,13 +160,11 @@ __device__ __forceinline__ void tma_store_3d(const TmaMap* map, unsigned src, in
 // Closes the bulk group of the tensor stores this thread issued since the last commit.
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // Returns once at most N of this thread's bulk groups are still reading shared memory (the
-// source may then be overwritten; the global writes may still be under way).
+// source may then be overwritten, or the block end: the global writes may still be under
+// way, and are complete, as every write of the grid, when the grid is; CUTLASS's epilogues
+// end on this wait too).
 template <int N> __device__ __forceinline__ void bulk_wait_read() {
     asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
-}
-// Returns once at most N of this thread's bulk groups are still running (writes done).
-template <int N> __device__ __forceinline__ void bulk_wait() {
-    asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // -------------------------------------------------------------------------------- wgmma

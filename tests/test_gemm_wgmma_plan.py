@@ -36,7 +36,9 @@ def test_every_tile_fits_one_block_of_shared_memory():
     (4096, 4096, 4096, "128x256"),     # 512 tiles: 4 rounds of 132 either way, widest wins
     (8192, 8192, 8192, "128x256"),
     (4096, 28672, 4096, "128x256"),
-    (512, 4096, 14336, "128x128"),     # 64 tiles of 128x256 leave half the SMs idle
+    (512, 4096, 14336, "128x128c2"),   # 64 tiles of 128x256 leave half the SMs idle
+    (512, 28672, 4096, "128x128c2"),   # 7 rounds of multicasting pairs beat 4 of 128x256
+    (128, 4096, 4096, "128x128"),      # one row of tiles: a pair would compute a row of zeros
     (512, 6144, 4096, "128x192"),      # 96 wide tiles; 128 of 128x192 make one round
     (2048, 2048, 2048, "128x256"),
 ])

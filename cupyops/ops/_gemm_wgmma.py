@@ -11,22 +11,23 @@ current stream, for float16 and bfloat16 on a compute-capability 9.0 GPU (H100, 
   it by tensor stores (``output_map``), which run on while the next tile starts.
 
 ``config`` (wgmma_ws; ``TILES``): ``128x256`` (4 stages), ``128x192`` (4 stages),
-``128x128`` (6 stages), and ``128x256c2``: pairs of blocks in clusters of 2 that take two
-tiles stacked along M, each copying its A and half of the shared B columns, multicast to
-both (B crosses L2 once for the pair), the persistent grid as many clusters as the driver
-says fit at once (``_launch.max_active_clusters``), and ``128x256sk``, which ``None`` does
-not pick (NOTES 79, 83: 1-3 % ahead of the default where whole waves leave a thin last one,
-as 512x28672x4096, behind it where there is less than one wave, and its per-call workspace
-is no fit for a torch.cuda.graph capture): stream-K for the tiles past the last whole wave
+``128x128`` (6 stages), ``128x256c2`` and ``128x128c2``: pairs of blocks in clusters of
+2 that take two tiles stacked along M, each copying its A and half of the shared B
+columns, multicast to both (B crosses L2 once for the pair), the persistent grid as many
+clusters as the driver says fit at once (``_launch.max_active_clusters``), and
+``128x256sk``, which ``None`` does not pick (NOTES 79, 83: 1-3 % ahead of the default
+where whole waves leave a thin last one, as 512x28672x4096, behind it where there is less
+than one wave, and its per-call workspace is no fit for a torch.cuda.graph capture): stream-K for the tiles past the last whole wave
 (``streamk_plan``): the k-tiles of those tiles are cut into ranges, one a block; a block
 that holds the head of a tile hands its float32 partial to the block that holds its tail
 through a workspace, and that block adds them in a fixed order (results are deterministic
 for a given SM count) and runs the epilogue once.
 
-``None`` picks by a wave model (``pick_config``): a tile's time is taken as BN /
-EFFICIENCY[BN] and the grid's as the rounds of tiles over the SMs times that; fewer, wider
-tiles win ties. The narrower tiles are for problems whose 128 x 256 tiles leave SMs idle
-(a 512-token prefill: 512 x 4096 has 64 of them on 132 SMs).
+``None`` picks by a wave model (``pick_config``): a block's time is taken as BN /
+EFFICIENCY[config] and the grid's as the rounds of blocks over the SMs times that; fewer,
+wider tiles win ties. The narrower tiles are for problems whose 128 x 256 tiles leave SMs
+idle (a 512-token prefill: 512 x 4096 has 64 of them on 132 SMs), where 128 x 128 tiles
+go in multicasting pairs.
 
 Both read A and B through tensor maps (cupyops/_tma.py): 3-D (elements, rows, batch)
 with the 128-byte swizzle wgmma's descriptors expect; a K-contiguous operand moves in boxes
@@ -67,12 +68,15 @@ class Tile:
 TILES = {
     "wgmma": {None: Tile(64, 256, 4)},
     "wgmma_ws": {"128x256": Tile(128, 256, 4), "128x192": Tile(128, 192, 4), "128x128": Tile(128, 128, 6),
-                 "128x256c2": Tile(128, 256, 4, 2), "128x256sk": Tile(128, 256, 4, streamk=True)},
+                 "128x256c2": Tile(128, 256, 4, 2), "128x128c2": Tile(128, 128, 6, 2),
+                 "128x256sk": Tile(128, 256, 4, streamk=True)},
 }
 CONFIGS = {impl: tuple(c for c in TILES[impl] if c is not None) for impl in VARIANTS}
-# Guessed relative throughput of a 128 x BN tile (a narrower tile re-reads A for fewer
-# columns), for the wave model.
-EFFICIENCY = {256: 1.0, 192: 0.95, 128: 0.85}
+# Relative throughput of a block on each configuration the wave model picks from (a
+# narrower tile re-reads A for fewer columns; a pair of 128 x 128 tiles that multicasts B
+# reads a quarter less from L2 than two single ones): 192 and 128 measured 0.88 and 0.91 of
+# 128 x 256 at 4096^3 (NOTES 55), the pair 0-4 % ahead of single 128 x 128 tiles (NOTES 95).
+EFFICIENCY = {"128x256": 1.0, "128x192": 0.95, "128x128": 0.85, "128x128c2": 0.9}
 
 ARCH = "sm_90a"
 BK = 64  # K of a stage: 128 bytes of a 16-bit type (the swizzle's row)
@@ -114,13 +118,17 @@ KERNEL_FILES = [KERNELS]
 
 
 def pick_config(p, sm_count):
-    """wgmma_ws's tile for problem ``p`` on ``sm_count`` SMs (wave model, module docstring);
-    clusters only when asked for."""
+    """wgmma_ws's tile for problem ``p`` on ``sm_count`` SMs (wave model, module docstring):
+    the rounds of blocks over the SMs (a pair takes two tiles stacked along M, so an odd
+    row of tiles costs a block that computes zeros) times BN / EFFICIENCY; the wider tile,
+    and then the single block, wins a tie. No pairs where M has a single row of tiles."""
     best, best_cost = None, None
-    for cfg in ("128x256", "128x192", "128x128"):
+    for cfg in EFFICIENCY:
         t = TILES["wgmma_ws"][cfg]
-        tiles = _launch.cdiv(p.M, t.bm) * _launch.cdiv(p.N, t.bn) * p.batch
-        cost = _launch.cdiv(tiles, sm_count) * t.bn / EFFICIENCY[t.bn]
+        if p.M <= t.bm * (t.cluster - 1):
+            continue
+        blocks = _launch.cdiv(p.M, t.bm * t.cluster) * t.cluster * _launch.cdiv(p.N, t.bn) * p.batch
+        cost = _launch.cdiv(blocks, sm_count) * t.bn / EFFICIENCY[cfg]
         if best_cost is None or cost < best_cost:
             best, best_cost = cfg, cost
     return best
