@@ -183,12 +183,15 @@ def gemm(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
 
 
 def attention(q, k, v, causal=False, causal_align="top_left", scale=None, layout="bshd",
-              return_lse=False):
+              return_lse=False, window=None, softcap=None):
     """Scaled dot-product attention in float64, with cupyops.attention's semantics: layout
     "bshd" ([batch, len, heads, head_dim]) or "bhsd"; GQA/MQA (query head h reads kv head
     h // (q_heads // kv_heads)); causal: query i sees key j iff j <= i + offset, offset 0
-    ("top_left") or kv_len - q_len ("bottom_right"). A query that sees no key gets zeros and
-    LSE -inf. Returns out (q's layout) or (out, lse [batch, q_heads, q_len])."""
+    ("top_left") or kv_len - q_len ("bottom_right"); window (left, right): only keys
+    i + offset - left <= j <= i + offset + right (None or -1: that side unlimited), with the
+    same offset; softcap c > 0: each scaled score s becomes c * tanh(s / c). A query that
+    sees no key gets zeros and LSE -inf. Returns out (q's layout) or (out, lse [batch,
+    q_heads, q_len])."""
     q, k, v = _f64(q), _f64(k), _f64(v)
     if layout == "bshd":  # work in [batch, heads, len, head_dim]
         q, k, v = (np.swapaxes(x, 1, 2) for x in (q, k, v))
@@ -201,10 +204,20 @@ def attention(q, k, v, causal=False, causal_align="top_left", scale=None, layout
     if scale is None:
         scale = 1.0 / np.sqrt(D)
     s = scale * np.matmul(q, np.swapaxes(k, -1, -2))  # [B, Hq, Sq, Skv]
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    left, right = window if window is not None else (None, None)
+    left, right = (None if w is None or w == -1 else w for w in (left, right))
+    offset = Skv - Sq if causal_align == "bottom_right" else 0
+    pos, key = np.arange(Sq)[:, None] + offset, np.arange(Skv)[None, :]
+    seen = np.ones((Sq, Skv), dtype=bool)
     if causal:
-        offset = Skv - Sq if causal_align == "bottom_right" else 0
-        seen = np.arange(Skv)[None, :] <= np.arange(Sq)[:, None] + offset
-        s = np.where(seen, s, -np.inf)
+        seen &= key <= pos
+    if right is not None:
+        seen &= key <= pos + right
+    if left is not None:
+        seen &= key >= pos - left
+    s = np.where(seen, s, -np.inf)
     m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
     m_safe = np.where(np.isneginf(m), 0.0, m)  # rows that see nothing: exp(-inf) = 0, no NaN
     e = np.exp(s - m_safe)
@@ -228,7 +241,7 @@ def paged_kv(k_cache, v_cache, block_table, seq_len, b):
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, causal_align="bottom_right", scale=None,
-                     return_lse=False):
+                     return_lse=False, window=None, softcap=None):
     """cupyops.attention_varlen in float64: each packed sequence (rows cu_seqlens[b] ..
     cu_seqlens[b + 1] - 1 of q and of k, v) through ``attention``. Rows outside every
     sequence are zeros (LSE -inf). Returns out [total_q, q_heads, head_dim] or (out, lse
@@ -242,12 +255,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, causal_a
         if q1 == q0:
             continue
         o, l_b = attention(q[q0:q1][None], k[k0:k1][None], v[k0:k1][None], causal=causal, causal_align=causal_align,
-                           scale=scale, return_lse=True)
+                           scale=scale, return_lse=True, window=window, softcap=softcap)
         out[q0:q1], lse[:, q0:q1] = o[0], l_b[0]
     return (out, lse) if return_lse else out
 
 
-def attention_paged(q, k_cache, v_cache, block_table, seq_lens, causal=True, scale=None, return_lse=False):
+def attention_paged(q, k_cache, v_cache, block_table, seq_lens, causal=True, scale=None, return_lse=False,
+                    window=None, softcap=None):
     """cupyops.attention_paged in float64: each sequence's pages gathered into contiguous K/V
     (paged_kv) and attended to by its q_len rows, the sequence's last tokens (bottom-right
     causal). Returns out [batch, q_len, q_heads, head_dim] or (out, lse [batch, q_heads,
@@ -258,7 +272,7 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, causal=True, sca
     for b in range(q.shape[0]):
         k, v = paged_kv(k_cache, v_cache, block_table, lens[b], b)
         o, lse = attention(q[b:b + 1], k[None], v[None], causal=causal, causal_align="bottom_right", scale=scale,
-                           return_lse=True)
+                           return_lse=True, window=window, softcap=softcap)
         outs.append(o)
         lses.append(lse)
     shape = (0,) + q.shape[1:]

@@ -27,6 +27,9 @@
 //
 // Scores are kept in base 2: the tiled and flash rungs fold scale * log2(e) into Q as it is
 // staged, use exp2f (one MUFU op), and convert the LSE back to natural log at the end.
+// Sliding windows and soft caps (attention_common.cuh): every rung masks the keys outside a
+// row's [first_key, key_end) and caps scores where softcap > 0 (a uniform branch); the
+// tiled and flash rungs start their sweeps at the tile of the block's first visible key.
 //
 // Launch geometry (cupyops/ops/_attention_simt.py computes it; "items" loops cover any
 // B * Hq * Sq, so no grid dimension limit applies):
@@ -42,7 +45,9 @@
 #include "attention_common.cuh"
 
 using namespace cuops;
-using cuops::attn::visible_keys;
+using cuops::attn::first_key;
+using cuops::attn::key_end;
+using cuops::attn::SoftCap;
 using cuops::attn::LOG2E;
 using cuops::attn::LN2;
 
@@ -75,8 +80,8 @@ __device__ __forceinline__ Item item_of(i64 it, int B, int Hq, int nqt) {
 using namespace attn_simt;
 
 // ============================================================================ 1. naive
-// S[((b * Hq + h) * Sq + i) * Skv + j] = scale * q_i . k_j, or -inf where row i does not
-// see key j.
+// S[((b * Hq + h) * Sq + i) * Skv + j] = scale * q_i . k_j (capped), or -inf where row i
+// does not see key j.
 template <typename T>
 __global__ void __launch_bounds__(256) attention_naive_scores(ATTN_PARAMS(T), float* __restrict__ S) {
     const i64 total = static_cast<i64>(B) * Hq * Sq * Skv;
@@ -89,12 +94,13 @@ __global__ void __launch_bounds__(256) attention_naive_scores(ATTN_PARAMS(T), fl
         r /= Sq;
         const int h = static_cast<int>(r % Hq), b = static_cast<int>(r / Hq);
         float s = -CUOPS_INF;
-        if (j < visible_keys(i, Skv, causal, causal_offset)) {
+        if (j >= first_key(i, win_left, causal_offset) && j < key_end(i, Skv, causal, causal_offset, win_right)) {
             const T* q = Q + b * q_sb + i * q_ss + h * q_sh;
             const T* k = K + b * k_sb + j * k_ss + (h / group) * k_sh;
             float dot = 0.f;
             for (int d = 0; d < D; ++d) dot = fmaf(to_f32(q[d]), to_f32(k[d]), dot);
             s = dot * scale;
+            if (softcap > 0.f) s = SoftCap::make(softcap, 1.f)(s);  // (scaled scores: unit 1)
         }
         S[e] = s;
     }
@@ -135,9 +141,10 @@ __global__ void __launch_bounds__(256) attention_naive_pv(ATTN_PARAMS(T), float*
         const int i = static_cast<int>(r % Sq), b = static_cast<int>(r / Sq);
         const float* p = S + ((static_cast<i64>(b) * Hq + h) * Sq + i) * Skv;
         const T* vcol = V + b * v_sb + (h / group) * v_sh + d;
-        const int seen = visible_keys(i, Skv, causal, causal_offset);  // P is 0 past it
+        // P is 0 outside the keys the row sees
+        const int end = key_end(i, Skv, causal, causal_offset, win_right);
         float acc = 0.f;
-        for (int j = 0; j < seen; ++j) acc = fmaf(p[j], to_f32(vcol[j * v_ss]), acc);
+        for (int j = first_key(i, win_left, causal_offset); j < end; ++j) acc = fmaf(p[j], to_f32(vcol[j * v_ss]), acc);
         O[b * o_sb + i * o_ss + h * o_sh + d] = from_f32<T>(acc);
     }
 }
@@ -175,11 +182,15 @@ __global__ void __launch_bounds__(tiled::THREADS) attention_tiled(ATTN_PARAMS(T)
     const int group = Hq / Hkv, nqt = (Sq + BQ - 1) / BQ;
     const i64 items = static_cast<i64>(B) * Hq * nqt;
     const float qmul = scale * LOG2E;
+    const SoftCap cap = SoftCap::make(softcap, 1.f / LOG2E);  // (base-2 scaled scores; used if softcap > 0)
 
     for (i64 it = blockIdx.x; it < items; it += gridDim.x) {
         const Item w = item_of(it, B, Hq, nqt);
         const int hk = w.h / group, i0 = w.qt * BQ, nq = min(BQ, Sq - i0);
-        const int kv_end = visible_keys(i0 + nq - 1, Skv, causal, causal_offset);  // the most any row sees
+        // the keys any row sees: from the first row's first (first_key and key_end grow with
+        // the row) to the last row's end, in whole tiles
+        const int kv_end = key_end(i0 + nq - 1, Skv, causal, causal_offset, win_right);
+        const int kv_begin = first_key(i0, win_left, causal_offset) / BK * BK;
         const T* kbase = K + w.b * k_sb + hk * k_sh;
         const T* vbase = V + w.b * v_sb + hk * v_sh;
         stage_rows_simple(Qs, DP, Q + w.b * q_sb + w.h * q_sh + i0 * q_ss, q_ss, BQ, nq, D, qmul);
@@ -191,9 +202,11 @@ __global__ void __launch_bounds__(tiled::THREADS) attention_tiled(ATTN_PARAMS(T)
             for (int c = 0; c < 2; ++c) {
                 const int i = warp + 8 * c, j = lane;
                 float s = -CUOPS_INF;
-                if (j0 + j < visible_keys(i0 + i, Skv, causal, causal_offset)) {
+                if (j0 + j >= first_key(i0 + i, win_left, causal_offset) &&
+                    j0 + j < key_end(i0 + i, Skv, causal, causal_offset, win_right)) {
                     s = 0.f;
                     for (int d = 0; d < D; ++d) s = fmaf(Qs[i * DP + d], Ks[j * DP + d], s);
+                    if (softcap > 0.f) s = cap(s);
                 }
                 Ss[i * SS + j] = s;
             }
@@ -201,7 +214,7 @@ __global__ void __launch_bounds__(tiled::THREADS) attention_tiled(ATTN_PARAMS(T)
 
         // sweep 1: the row statistics; warp w owns rows w and w + 8 (every lane a copy)
         float m[2] = {-CUOPS_INF, -CUOPS_INF}, l[2] = {0.f, 0.f};
-        for (int j0 = 0; j0 < kv_end; j0 += BK) {
+        for (int j0 = kv_begin; j0 < kv_end; j0 += BK) {
             __syncthreads();  // the previous tile's readers of Ks / Ss are done
             stage_rows_simple(Ks, DP, kbase + j0 * k_ss, k_ss, BK, min(BK, kv_end - j0), D, 1.f);
             __syncthreads();
@@ -231,7 +244,7 @@ __global__ void __launch_bounds__(tiled::THREADS) attention_tiled(ATTN_PARAMS(T)
         float acc[OUTS];
 #pragma unroll
         for (int k = 0; k < OUTS; ++k) acc[k] = 0.f;
-        for (int j0 = 0; j0 < kv_end; j0 += BK) {
+        for (int j0 = kv_begin; j0 < kv_end; j0 += BK) {
             __syncthreads();  // row stats written; the previous tile's readers are done
             const int nk = min(BK, kv_end - j0);
             stage_rows_simple(Ks, DP, kbase + j0 * k_ss, k_ss, BK, nk, D, 1.f);
@@ -367,17 +380,19 @@ __global__ void __launch_bounds__(FlashV1<DT>::THREADS, FlashV1<DT>::MIN_BLOCKS)
     for (i64 it = blockIdx.x; it < items; it += gridDim.x) {
         const Item w = item_of(it, B, Hq, nqt);
         const int hk = w.h / group, i0 = w.qt * BQ, nq = min(BQ, Sq - i0);
-        const int kv_end = visible_keys(i0 + nq - 1, Skv, causal, causal_offset);  // the most any row sees
+        // the keys any row sees, in whole tiles: from the first row's first to the last row's end
+        const int kv_end = key_end(i0 + nq - 1, Skv, causal, causal_offset, win_right);
+        const int kv_begin = first_key(i0, win_left, causal_offset) / BK * BK;
         const T* kbase = K + w.b * k_sb + hk * k_sh;
         const T* vbase = V + w.b * v_sb + hk * v_sh;
         stage_tile<T, BQ, DT, C::THREADS>(Qs, DS, Q + w.b * q_sb + w.h * q_sh + i0 * q_ss, q_ss, nq, D, vec & VEC_Q, qmul);
 
         float m[4], l[4], acc[4][NCH][CW];
-        int lim[4];  // keys row r sees (0 for rows past Sq)
+        int lim[4];  // one past the last key row r sees (0 for rows past Sq)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
             const int i = 4 * rg + r;
-            lim[r] = i < nq ? visible_keys(i0 + i, Skv, causal, causal_offset) : 0;
+            lim[r] = i < nq ? key_end(i0 + i, Skv, causal, causal_offset, win_right) : 0;
             m[r] = -CUOPS_INF;
             l[r] = 0.f;
 #pragma unroll
@@ -386,7 +401,7 @@ __global__ void __launch_bounds__(FlashV1<DT>::THREADS, FlashV1<DT>::MIN_BLOCKS)
                 for (int x = 0; x < CW; ++x) acc[r][ch][x] = 0.f;
         }
 
-        for (int j0 = 0; j0 < kv_end; j0 += BK) {
+        for (int j0 = kv_begin; j0 < kv_end; j0 += BK) {
             const int nk = min(BK, kv_end - j0);
             stage_tile<T, BK, DT, C::THREADS>(KPs, DS, kbase + j0 * k_ss, k_ss, nk, D, vec & VEC_K, 1.f);
             __syncthreads();
@@ -421,6 +436,18 @@ __global__ void __launch_bounds__(FlashV1<DT>::THREADS, FlashV1<DT>::MIN_BLOCKS)
                     }
             }
             __syncthreads();  // every read of the K tile is done: P takes its place
+            if (softcap > 0.f) {  // (base-2 scaled scores)
+                const SoftCap cap = SoftCap::make(softcap, 1.f / LOG2E);
+#pragma unroll
+                for (int r = 0; r < 4; ++r)
+#pragma unroll
+                    for (int c = 0; c < KC; ++c) s[r][c] = cap(s[r][c]);
+            }
+
+            // Left of a row's window: key j0 + kg + 16 c < (i0 + 4 rg + r) + causal_offset -
+            // win_left, i.e. d + 16 c < r with one d a tile (registers: no first key kept
+            // a row); without a window d = 4 > r tests false everywhere.
+            const int d = win_left < 0 ? 4 : j0 + kg + win_left - i0 - 4 * rg - causal_offset;
 
             // online softmax: new row max, rescale what is accumulated, P = exp2(s - max)
 #pragma unroll
@@ -428,7 +455,7 @@ __global__ void __launch_bounds__(FlashV1<DT>::THREADS, FlashV1<DT>::MIN_BLOCKS)
                 float tmax = -CUOPS_INF;
 #pragma unroll
                 for (int c = 0; c < KC; ++c) {
-                    if (j0 + kg + 16 * c >= lim[r]) s[r][c] = -CUOPS_INF;
+                    if (j0 + kg + 16 * c >= lim[r] || d + 16 * c < r) s[r][c] = -CUOPS_INF;
                     tmax = fmaxf(tmax, s[r][c]);
                 }
                 const float mn = fmaxf(m[r], warp_reduce<FMax>(tmax, 16));  // over the row's 16 lanes

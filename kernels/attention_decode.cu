@@ -38,9 +38,35 @@
 //     quarter of head_dim for 8 keys (2 shuffles combine the quarters), and for P @ V each
 //     lane owns DT / 32 output columns.
 //   - Scores are scaled by scale * log2(e) and exponentiated with exp2f; the LSE written is
-//     natural log. A key a row must not see (causal: attn::visible_keys; past the block's
-//     range) scores -inf; a state whose max is still -inf subtracts 0 instead, so nothing
-//     computes exp2(-inf - -inf). A row that sees no key ends with l = 0: O = 0, LSE = -inf.
+//     natural log. A key a row must not see (causal: attn::visible_keys; a sliding window:
+//     attn::first_key, attn::key_end; past the block's range) scores -inf; a state whose max
+//     is still -inf subtracts 0 instead, so nothing computes exp2(-inf - -inf). A row that
+//     sees no key ends with l = 0: O = 0, LSE = -inf.
+//   - Masks cost only where a tile needs one: every row of a block sees the keys [kfirst,
+//     kfull) (the tile's last query position's first key, its first position's last), and a
+//     tile wholly inside them takes no mask; the others test each score against its row's
+//     [first, first + n) (one unsigned compare). Row i's first and last keys grow with i, so
+//     the tile's smallest and largest positions bound every row's.
+//   - Sliding windows cut the stream, not just the scores: the splits are laid from the
+//     sequence's first visible key kbase (that of query position 0, rounded down to 16 keys)
+//     rather than from key 0, and a block starts at its rows' first visible key (rounded
+//     down to 16); keys before it are never loaded, so a left window of W keys streams ~W
+//     keys (+ q_len + < 16) whatever the cache's length. The contiguous launcher plans the
+//     splits over [kbase, last visible key): the split count is chosen for the keys that
+//     stream, so W keys of a 128K cache get the splits (and the grid) of a W-key sequence,
+//     not a 128K-key grid of mostly idle blocks that would each still take a block slot and
+//     a merge input. The paged kernel finds each sequence's kbase from its own length
+//     (bottom-right, as its causal offset), so its launcher plans the splits for a window's
+//     span (W + q_len + 15 keys) rather than the table's capacity. A
+//     block with no key to load (a split past its sequence's end, or before its rows'
+//     windows) loads nothing; with S > 1 it only writes LSE -inf, which the merge skips
+//     (it never reads such a split's output).
+//   - Logit soft-capping (softcap > 0) applies attn::SoftCap to every score a row sees,
+//     after the scaling and before the mask and the running max (the cap is monotone, so
+//     maxima and masks work on capped scores as on plain ones), in base-2 units: a score
+//     held as s * log2(e) is in units of ln 2 (SoftCap::make(softcap, ln 2)). The LSE is
+//     then that of the capped scores. One uniform branch a tile: the uncapped stream runs
+//     the code it ran before.
 //   - head_dim is compiled in tiers DT = 64, 128, 256 (zero-padded in shared memory; the
 //     padded columns are never written), so 1..256 are all served.
 //
@@ -49,7 +75,9 @@
 //     grid.x = B * Hkv * S * NRT, blockIdx.x = ((b * Hkv + hk) * S + s) * NRT + rt
 //     (row tiles of one split are neighbours: their K/V reads meet in L2), NRT = cdiv(group
 //     * q_len, RT); RT = 16 for fp16/bf16 (one mma row tile), 4, 8 or 16 for float32.
-//     Split s covers keys [s * chunk, min(Skv, (s + 1) * chunk)); chunk is a multiple of BK.
+//     Split s covers keys [kbase + s * chunk, min(Skv, kbase + (s + 1) * chunk)); chunk is a
+//     multiple of BK; kbase = attn::first_key(0, win_left, causal_offset) rounded down to a
+//     multiple of 16 (0 without a left window).
 //     BK = 64 (fp16/bf16: 16 keys a warp) or 32 (float32: 8 keys a warp): 2 * BK * DT *
 //     sizeof(T) = 256 * DT bytes a stage either way.
 //     dynamic shared memory = STAGES * 256 * DT (the K/V ring; reused at the end for the
@@ -75,8 +103,10 @@
 // its sequence is; the ring copies each tile in groups of 16 keys, and the paged policy
 // looks up one page a group, two tiles ahead, after prefetching the block's table entries
 // into L2. The launch is planned for the table's capacity
-// (max_pages * page_size keys), as the lengths live on the GPU; a split past its
-// sequence's end loads nothing and leaves the no-key state (O = 0, LSE -inf), which the
+// (max_pages * page_size keys), or for a left window's span (win_left + Sq + 15 keys)
+// where that is shorter, as the lengths live on the GPU; each sequence's splits start at
+// its own kbase (from its offset seq_len - Sq, which the window shares), and a split past
+// its sequence's end loads nothing and leaves the no-key state (LSE -inf), which the
 // merge skips. Grid, block, shared memory and workspace as attention_decode's;
 // instantiated for fp16/bf16 (cupyops/ops/_attention_decode.py PAGED_DTYPES says why).
 // attention_merge_states<T> (cupyops.merge_attention_states) and kv_cache_append<T>
@@ -137,24 +167,41 @@ __device__ __forceinline__ unsigned split_index(unsigned& q, unsigned d) {
     return r;
 }
 
-// The keys row r (of the block's row tile) uses: [k0, row_end) with row_end <= k1; rows past
-// the group see nothing.
-__device__ __forceinline__ int row_end(int row, int R, int Sq, int Skv, int causal, int causal_offset, int k1) {
-    if (row >= R) return 0;
-    return min(attn::visible_keys(pos_of(row, Sq), Skv, causal, causal_offset), k1);
+// The keys row `row` (of a KV head's R rows) uses in a split ending at k1: [first, first +
+// n), n = 0 for none (rows past the group too), so that a key is masked iff (unsigned)(key -
+// first) >= n: one compare for the window's both sides, the causal mask and the split's end.
+__device__ __forceinline__ unsigned row_keys(int row, int R, int Sq, int Skv, int causal, int causal_offset,
+                                             int win_left, int win_right, int k1, int& first) {
+    first = 0;
+    if (row >= R) return 0u;
+    const int i = pos_of(row, Sq);
+    first = attn::first_key(i, win_left, causal_offset);
+    const int end = min(attn::key_end(i, Skv, causal, causal_offset, win_right), k1);
+    return end > first ? (unsigned)(end - first) : 0u;
 }
 
 
 // ---- Where a block's K and V rows live: the KV policy of the kernel body. The ring asks it
 // for a thread's rows a group of GROUP_KEYS keys at a time. A group starts at a multiple of
-// 16 keys (k0 and the tiles are whole multiples of BK), so it never straddles a page of 16
-// or more keys, and a thread's rows in it (j0 + u * RSTEP, j0 < RSTEP <= 16) are one page's
-// rows at a constant stride: the paged cache costs a page lookup a group, not a row. A
-// policy's PER_GROUP says what group() returns: the group's first row (paged), or one base
-// for the whole tile that every copy u steps from (strided: the address arithmetic of the
-// kernel before it had policies; ptxas allots registers a little differently, e.g. 21 more
-// moves in the bf16 head_dim-128 loop of ~800 instructions, the same 144 registers).
+// 16 keys (a block's first key k0 is one, group_floor, and its tiles whole multiples of BK
+// past it), so it never straddles a page of 16 or more keys, and a thread's rows in it (j0
+// + u * RSTEP, j0 < RSTEP <= 16) are one page's rows at a constant stride: the paged cache
+// costs a page lookup a group, not a row. A policy's PER_GROUP says what group() returns:
+// the group's first row (paged), or one base for the whole tile that every copy u steps
+// from (strided: the address arithmetic of the kernel before it had policies; ptxas allots
+// registers a little differently, e.g. 21 more moves in the bf16 head_dim-128 loop of ~800
+// instructions, the same 144 registers).
 constexpr int GROUP_KEYS = 16;
+
+// Where a sequence's split grid starts: query position 0's first visible key (no row sees
+// an earlier one), rounded down to a copy group so that every tile's groups stay aligned
+// to 16 keys (the paged policy's one page a group); 0 without a left window. A block's
+// own start (its rows' first key) is rounded the same way. (_attention_decode.py
+// split_base computes the same for the contiguous plan.)
+__device__ __forceinline__ int group_floor(int key) { return key & ~(GROUP_KEYS - 1); }
+__device__ __forceinline__ int split_base(int win_left, int causal_offset) {
+    return group_floor(attn::first_key(0, win_left, causal_offset));
+}
 
 // Bring the 128-byte line holding p into L2 (no register, no wait).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
@@ -414,21 +461,32 @@ __device__ __forceinline__ void decode_split(ATTN_PARAMS(T), float* __restrict__
     const int r0 = rt * RT, nrows = min(RT, R - r0);
     auto kv = make_kv(b, hk);
     const int Skv_b = kv.len, offset_b = kv.offset;  // this block's sequence
-    // (a split past a shorter sequence's end gets no key: k1 <= k0, nothing loaded, and its
-    // state says so: O = 0, LSE = -inf, which the merge skips)
-    const int k0 = s * chunk, k1 = min(Skv_b, k0 + chunk);
+    // This split's keys: [ks, k1) of the sequence's split grid, which starts at its first
+    // visible key (split_base: a sliding window's keys before it are no split's)
+    const int ks = split_base(win_left, offset_b) + s * chunk, k1 = min(Skv_b, ks + chunk);
 
-    // kend: past the last key any row of the tile sees (tiles beyond are never loaded);
-    // kfull: below it every row sees every key (those tiles skip the mask). visible_keys grows
-    // with the query position i = row % q_len, so the tile's smallest and largest i decide.
+    // The tile's rows see keys from attn::first_key of its smallest query position i = row
+    // % q_len (ilo) to attn::key_end of its largest (ihi): both grow with i. k0: where the
+    // block starts loading (keys before its rows' windows are never loaded); kend: past the
+    // last key any row sees (tiles beyond are never loaded); every row sees every key of
+    // [kfirst, kfull) (tiles inside skip the mask).
     int ilo = 0, ihi = Sq - 1;
     if (nrows < Sq) {
         const int i0 = pos_of(r0, Sq);
         if (i0 + nrows <= Sq) ilo = i0, ihi = i0 + nrows - 1;
     }
-    const int kend = max(k0, min(k1, attn::visible_keys(ihi, Skv_b, causal, offset_b)));
-    const int kfull = min(k1, attn::visible_keys(ilo, Skv_b, causal, offset_b));
+    const int k0 = max(ks, group_floor(attn::first_key(ilo, win_left, offset_b)));
+    const int kend = max(k0, min(k1, attn::key_end(ihi, Skv_b, causal, offset_b, win_right)));
+    const int kfirst = attn::first_key(ihi, win_left, offset_b);
+    const int kfull = min(k1, attn::key_end(ilo, Skv_b, causal, offset_b, win_right));
     const int nt = (kend - k0 + BK - 1) / BK;
+    if (nt == 0 && S > 1) {
+        // No key to load (a split past a shorter sequence's end, or wholly before its rows'
+        // windows): the no-key state is LSE -inf alone, as the merge skips such a split and
+        // never reads its output. (S == 1 writes O = 0 and LSE = -inf below.)
+        if (tid < nrows) work_lse[(((i64)b * Hkv + hk) * R + r0 + tid) * S + s] = -CUOPS_INF;
+        return;
+    }
 
     // ---- the K/V ring (a paged cache's k_sb / v_sb are its page strides)
     const bool vec = vec_ok(K, k_sb, k_ss, k_sh, D) && vec_ok(V, v_sb, v_ss, v_sh, D);
@@ -436,6 +494,9 @@ __device__ __forceinline__ void decode_split(ATTN_PARAMS(T), float* __restrict__
 
     const float sl2 = scale * attn::LOG2E;
     const float NEG_INF = -CUOPS_INF;
+    // logit soft-capping of the base-2 scores s * log2(e): units of ln 2 (attn::SoftCap)
+    const bool capped = softcap > 0.f;
+    const attn::SoftCap cap = attn::SoftCap::make(capped ? softcap : 1.f, attn::LN2);
 
     // ---- the query tile (at most 16 x 256 elements). Aligned Q (the usual case) moves in
     // 16-byte chunks, a few a thread, each thread finding its rows' offsets itself: short
@@ -502,8 +563,9 @@ __device__ __forceinline__ void decode_split(ATTN_PARAMS(T), float* __restrict__
     if constexpr (C::MMA) {
         // ================= fp16/bf16: mma.sync, 16 rows x 16 keys a warp and tile
         const int g = lane >> 2, tq = lane & 3;
-        const int e0 = row_end(r0 + g, R, Sq, Skv_b, causal, offset_b, k1);
-        const int e1 = row_end(r0 + g + 8, R, Sq, Skv_b, causal, offset_b, k1);
+        int f0, f1;  // rows g and g + 8 see keys [f0, f0 + n0) and [f1, f1 + n1)
+        const unsigned n0 = row_keys(r0 + g, R, Sq, Skv_b, causal, offset_b, win_left, win_right, k1, f0);
+        const unsigned n1 = row_keys(r0 + g + 8, R, Sq, Skv_b, causal, offset_b, win_left, win_right, k1, f1);
         float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
         float acc[DT / 8][4];
 #pragma unroll
@@ -537,17 +599,29 @@ __device__ __forceinline__ void decode_split(ATTN_PARAMS(T), float* __restrict__
                 mma_tile<T>(sc[1], a, kb[2], kb[3]);
             }
 
-            // online softmax, base 2
-            const bool full = kt + BK <= kfull;
+            // online softmax, base 2: scaled, capped, masked (in that order: a masked score
+            // must stay -inf, which the cap would make finite); a tile inside every row's
+            // keys takes no mask
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sc[n][e] *= sl2;
+            if (capped) {
+#pragma unroll
+                for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) sc[n][e] = cap(sc[n][e]);
+            }
+            const bool full = kt >= kfirst && kt + BK <= kfull;
             float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
             for (int n = 0; n < 2; ++n)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    float v = sc[n][e] * sl2;
+                    float v = sc[n][e];
                     if (!full) {
                         const int key = kt + KPW * warp + 8 * n + 2 * tq + (e & 1);
-                        if (key >= ((e >> 1) ? e1 : e0)) v = NEG_INF;
+                        if ((e >> 1) ? (unsigned)(key - f1) >= n1 : (unsigned)(key - f0) >= n0) v = NEG_INF;
                     }
                     sc[n][e] = v;
                     mx[e >> 1] = fmaxf(mx[e >> 1], v);
@@ -670,14 +744,28 @@ __device__ __forceinline__ void decode_split(ATTN_PARAMS(T), float* __restrict__
                     sc[r] = fmaf(qv.w, kv.w, sc[r]);
                 }
             }
-            const bool full = kt + BK <= kfull;
-            const int key = kt + KPW * warp + j;
+            // this lane's key's scores: the quarters summed, scaled, capped, masked (in that
+            // order: a masked score must stay -inf)
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
                 float v = sc[r] + __shfl_xor_sync(0xffffffffu, sc[r], 8);
                 v += __shfl_xor_sync(0xffffffffu, v, 16);
-                v *= sl2;
-                if (!full && key >= row_end(r0 + r, R, Sq, Skv_b, causal, offset_b, k1)) v = NEG_INF;
+                sc[r] = v * sl2;
+            }
+            if (capped) {
+#pragma unroll
+                for (int r = 0; r < RT; ++r) sc[r] = cap(sc[r]);
+            }
+            const bool full = kt >= kfirst && kt + BK <= kfull;
+            const int key = kt + KPW * warp + j;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                float v = sc[r];
+                if (!full) {
+                    int first;
+                    const unsigned n = row_keys(r0 + r, R, Sq, Skv_b, causal, offset_b, win_left, win_right, k1, first);
+                    if ((unsigned)(key - first) >= n) v = NEG_INF;
+                }
                 float mx = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
@@ -796,31 +884,27 @@ __device__ __forceinline__ void decode_split(ATTN_PARAMS(T), float* __restrict__
     }
 }
 
-// ATTN_PARAMS' names, to hand them on
-#define DECODE_ATTN_ARGS                                                                                     \
-    Q, K, V, O, LSE, B, Hq, Hkv, Sq, Skv, D, q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, \
-        o_sh, scale, causal, causal_offset
-
 template <typename T, int DT, int RT, int STAGES>
 __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>::value)
     attention_decode(ATTN_PARAMS(T), float* __restrict__ work_o, float* __restrict__ work_lse, int S, int chunk,
                      int NRT) {
-    decode_split<T, DT, RT, STAGES>(DECODE_ATTN_ARGS, work_o, work_lse, S, chunk, NRT, [&](int b, int hk) {
+    decode_split<T, DT, RT, STAGES>(ATTN_ARGS, work_o, work_lse, S, chunk, NRT, [&](int b, int hk) {
         return decode::StridedKV<T>(K, V, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, b, hk, Skv, causal_offset);
     });
 }
 
 // The paged cache: K and V are [num_pages, page_size, Hkv, D] with k_sb / v_sb their page
-// strides, Skv = max_pages * page_size (the table's capacity: what the plan splits),
-// block_table[b * bt_sb + p] (int32) the page of sequence b's keys p * page_size ..,
-// seq_lens[b] its length, page_size = 1 << page_shift. causal_offset is unused: each
-// sequence's query rows are its last Sq tokens (offset seq_len - Sq).
+// strides, Skv = max_pages * page_size (the table's capacity: what the plan splits, or a
+// left window's span where shorter), block_table[b * bt_sb + p] (int32) the page of
+// sequence b's keys p * page_size .., seq_lens[b] its length, page_size = 1 << page_shift.
+// causal_offset is unused: each sequence's query rows are its last Sq tokens (offset
+// seq_len - Sq, for the causal mask and the window alike).
 template <typename T, int DT, int RT, int STAGES>
 __global__ void __launch_bounds__(decode::THREADS, decode::MinBlocks<T, DT, RT>::value)
     attention_decode_paged(ATTN_PARAMS(T), float* __restrict__ work_o, float* __restrict__ work_lse, int S,
                            int chunk, int NRT, const int* __restrict__ block_table, i64 bt_sb,
                            const int* __restrict__ seq_lens, int page_shift, int num_pages) {
-    decode_split<T, DT, RT, STAGES>(DECODE_ATTN_ARGS, work_o, work_lse, S, chunk, NRT, [&](int b, int hk) {
+    decode_split<T, DT, RT, STAGES>(ATTN_ARGS, work_o, work_lse, S, chunk, NRT, [&](int b, int hk) {
         return decode::PagedKV<T, decode::Cfg<T>::BK / decode::GROUP_KEYS>(
             K, V, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, b, hk, Sq, Skv, block_table, bt_sb, seq_lens, page_shift,
             num_pages);

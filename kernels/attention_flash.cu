@@ -29,7 +29,11 @@
 //   - causal: tiles past the block's last visible key are never loaded, tiles past a
 //     warp's last visible key are skipped by that warp, and only tiles that cross the
 //     diagonal (or the end of K) pay for the mask. Causal grids run the longest query
-//     tiles first, so the short ones fill the tail.
+//     tiles first, so the short ones fill the tail. A sliding window cuts the sweep the
+//     same way from below: it starts at the tile of the block's first visible key, a warp
+//     skips tiles before its own, and tiles that cross a row's first key pay for the mask.
+//   - soft caps (softcap > 0) are applied to the raw scores as they leave the mma (a
+//     uniform branch; attn::SoftCap in raw units, so the max and mask steps are unchanged).
 //   - the epilogue divides by the row sum, stages O through the warp's own Q rows in
 //     shared memory and writes 16-byte rows; the LSE is (m + log2(l)) * ln 2.
 //
@@ -119,12 +123,14 @@ __device__ __forceinline__ void flash_body(ATTN_PARAMS(T)) {
     const int q0 = qt * BR, wq0 = q0 + warp * RW;
     const float sl2 = scale * attn::LOG2E;
 
-    // The keys the block's last row sees bound the KV sweep.
-    const int kv_end = attn::visible_keys(min(q0 + BR, Sq) - 1, Skv, causal, causal_offset);
+    // The keys the block's first and last rows see bound the KV sweep: tiles [jt0, ntiles).
+    const int kv_end = attn::key_end(min(q0 + BR, Sq) - 1, Skv, causal, causal_offset, win_right);
     const int ntiles = (kv_end + BC - 1) / BC;
-    // The last key any row of this warp sees, and how many keys every row of it sees.
-    const int warp_last = causal ? min(wq0 + RW - 1 + causal_offset, Skv - 1) : Skv - 1;
-    const int warp_full = causal ? min(wq0 + causal_offset + 1, Skv) : Skv;
+    const int jt0 = attn::first_key(q0, win_left, causal_offset) / BC;
+    // The last key any row of this warp sees, and the end of the keys its first row sees
+    // (every row sees those up to its own first key: sub-tiles within both skip the mask).
+    const int warp_last = attn::key_end(wq0 + RW - 1, Skv, causal, causal_offset, win_right) - 1;
+    const int warp_full = attn::key_end(wq0, Skv, causal, causal_offset, win_right);
 
     // ldmatrix lane addressing:
     //   Q (A operand, row-major): row l & 15, chunk 2 ks + (l >> 4)
@@ -153,9 +159,9 @@ __device__ __forceinline__ void flash_body(ATTN_PARAMS(T)) {
 #pragma unroll
         for (int st = 0; st < STAGES - 1; ++st) {
             const unsigned kb = sk + st * 2 * KV_BYTES;
-            if (st < ntiles) {
-                load_tile<HD, BC, THREADS>(kb, Kb, k_ss, st * BC, Skv, tid);
-                load_tile<HD, BC, THREADS>(kb + KV_BYTES, Vb, v_ss, st * BC, Skv, tid);
+            if (jt0 + st < ntiles) {
+                load_tile<HD, BC, THREADS>(kb, Kb, k_ss, (jt0 + st) * BC, Skv, tid);
+                load_tile<HD, BC, THREADS>(kb + KV_BYTES, Vb, v_ss, (jt0 + st) * BC, Skv, tid);
             }
             cp_commit();
         }
@@ -184,7 +190,7 @@ __device__ __forceinline__ void flash_body(ATTN_PARAMS(T)) {
         }
 
         int rs = 0, ws = STAGES - 1;  // stage read this iteration, stage refilled
-        for (int jt = 0; jt < ntiles; ++jt) {
+        for (int jt = jt0; jt < ntiles; ++jt) {
             const int kv0 = jt * BC;
             const unsigned kbuf = sk + rs * 2 * KV_BYTES, vbuf = kbuf + KV_BYTES;
             cp_wait<STAGES - 2>();  // tile jt has landed (groups retire in order)
@@ -202,7 +208,8 @@ __device__ __forceinline__ void flash_body(ATTN_PARAMS(T)) {
                 cp_commit();
             }
 
-            const bool active = kv0 <= warp_last;  // some row of this warp sees this tile
+            // some row of this warp sees this tile (the first row's first key is the warp's least)
+            const bool active = kv0 <= warp_last && kv0 + BC > attn::first_key(wq0, win_left, causal_offset);
             // P of the whole tile as m16n8k16 A fragments: pa[i][kk] covers keys 16 kk ..
             // 16 kk + 15 of m16 tile i (the S accumulators of two n8 tiles, rounded to T).
             unsigned pa[MT][KP][4];
@@ -240,9 +247,19 @@ __device__ __forceinline__ void flash_body(ATTN_PARAMS(T)) {
                             }
                         }
                     }
-                    // Mask keys past the end of K or past a row's causal limit (only
-                    // sub-tiles that reach that far pay for the test).
-                    if (ks0 + SUB > warp_full) {
+                    if (softcap > 0.f) {
+                        const attn::SoftCap cap = attn::SoftCap::make(softcap, scale);  // (raw scores)
+#pragma unroll
+                        for (int i = 0; i < MT; ++i)
+#pragma unroll
+                            for (int j = 0; j < NSS; ++j)
+#pragma unroll
+                                for (int e = 0; e < 4; ++e) s[i][j][e] = cap(s[i][j][e]);
+                    }
+                    // Mask keys past the end of K or past a row's causal (or window) limit,
+                    // or before a row's first key in a window (only sub-tiles that reach
+                    // that far pay for the test).
+                    if (ks0 + SUB > warp_full || ks0 < attn::first_key(wq0 + RW - 1, win_left, causal_offset)) {
 #pragma unroll
                         for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -251,7 +268,8 @@ __device__ __forceinline__ void flash_body(ATTN_PARAMS(T)) {
                                 for (int e = 0; e < 4; ++e) {
                                     const int key = ks0 + 8 * j + 2 * t + (e & 1);
                                     const int row = wq0 + 16 * i + g + 8 * (e >> 1);
-                                    if (key >= attn::visible_keys(row, Skv, causal, causal_offset))
+                                    if (key >= attn::key_end(row, Skv, causal, causal_offset, win_right) ||
+                                        key < attn::first_key(row, win_left, causal_offset))
                                         s[i][j][e] = -CUOPS_INF;
                                 }
                     }
@@ -371,7 +389,5 @@ __device__ __forceinline__ void flash_body(ATTN_PARAMS(T)) {
 
 template <typename T, int HD, int MT, int BC, int SUB, int WARPS, int STAGES, bool QREG>
 __global__ void __launch_bounds__(32 * WARPS, WARPS >= 8 ? 1 : 2) attention_flash(ATTN_PARAMS(T)) {
-    cuops::aflash::flash_body<T, HD, MT, BC, SUB, WARPS, STAGES, QREG>(Q, K, V, O, LSE, B, Hq, Hkv, Sq, Skv, D, q_sb, q_ss,
-                                                                   q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb,
-                                                                   o_ss, o_sh, scale, causal, causal_offset);
+    cuops::aflash::flash_body<T, HD, MT, BC, SUB, WARPS, STAGES, QREG>(ATTN_ARGS);
 }

@@ -371,8 +371,9 @@ def test_vec_flags():
 
 
 # ------------------------------------------------------------------------- reference
-def direct(q, k, v, scale, seen):
-    """Textbook attention, one (batch, head, row) at a time, bshd; seen(i, j) -> bool."""
+def direct(q, k, v, scale, seen, softcap=None):
+    """Textbook attention, one (batch, head, row) at a time, bshd; seen(i, j) -> bool; each
+    scaled score s capped at softcap * tanh(s / softcap) where softcap is given."""
     B, Sq, Hq, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
     out = np.zeros((B, Sq, Hq, D))
@@ -385,6 +386,8 @@ def direct(q, k, v, scale, seen):
                 if not js:
                     continue
                 s = np.array([scale * float(np.dot(q[b, i, h], k[b, j, hk])) for j in js])
+                if softcap:
+                    s = np.array([softcap * math.tanh(x / softcap) for x in s])
                 w = np.exp(s) / np.sum(np.exp(s))
                 out[b, i, h] = sum(wj * v[b, j, hk] for wj, j in zip(w, js))
                 lse[b, h, i] = math.log(np.sum(np.exp(s)))
@@ -401,6 +404,77 @@ def test_reference_matches_the_textbook_formula(Sq, Skv, causal, align):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(want_lse))
     np.testing.assert_allclose(lse[np.isfinite(lse)], want_lse[np.isfinite(want_lse)], rtol=1e-12)
+
+
+@pytest.mark.parametrize("Sq,Skv", [(5, 9), (9, 5), (6, 6)])
+@pytest.mark.parametrize("causal,align", [(False, "top_left"), (False, "bottom_right"), (True, "top_left"),
+                                          (True, "bottom_right")])
+@pytest.mark.parametrize("window", [(2, 1), (0, 0), (3, None), (None, 2), (-1, 0), (1, -1)])
+def test_reference_windows_and_caps_match_the_textbook_formula(Sq, Skv, causal, align, window):
+    q, k, v = (x.astype(np.float64) for x in qkv(B=1, Sq=Sq, Skv=Skv, Hq=4, Hkv=2, D=5))
+    q *= 3  # scores large enough for the cap to bend them
+    offset = Skv - Sq if align == "bottom_right" else 0
+    left, right = (None if w in (None, -1) else w for w in window)
+
+    def seen(i, j):
+        return ((not causal or j <= i + offset) and (left is None or j >= i + offset - left)
+                and (right is None or j <= i + offset + right))
+
+    for cap in (None, 2.5):
+        want, want_lse = direct(q, k, v, 0.7, seen, softcap=cap)
+        got, lse = reference.attention(q, k, v, causal=causal, causal_align=align, scale=0.7, return_lse=True,
+                                       window=window, softcap=cap)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(want_lse))
+        np.testing.assert_allclose(lse[np.isfinite(lse)], want_lse[np.isfinite(want_lse)], rtol=1e-12)
+
+
+@pytest.mark.parametrize("window,exc,msg", [
+    (3, TypeError, r"^window: expected \(left, right\) or None, got 3"),
+    ((1, 2, 3), TypeError, r"^window: expected \(left, right\) or None"),
+    ((1.5, 0), TypeError, r"^window: the left side must be an int or None, got float"),
+    ((0, True), TypeError, r"^window: the right side must be an int or None, got bool"),
+    ((-2, 0), ValueError, r"^window: the left side must be >= 0 \(or -1 / None: unlimited\), got -2"),
+])
+def test_bad_window(window, exc, msg):
+    with pytest.raises(exc, match=msg):
+        cupyops.attention(Q, K, V, window=window)
+
+
+@pytest.mark.parametrize("softcap,exc,msg", [
+    ("30", TypeError, "^softcap: expected a positive real number or None, got str"),
+    (True, TypeError, "^softcap: expected a positive real number or None, got bool"),
+    (-1.0, ValueError, r"^softcap: must be a finite float32 >= 0 \(0: no cap\), got -1.0"),
+    (float("inf"), ValueError, "^softcap: must be a finite float32"),
+    (1e39, ValueError, "^softcap: must be a finite float32"),
+    (1e-30, ValueError, r"^softcap: must be 0 \(no cap\) or at least 1e-06, got 1e-30"),
+])
+def test_bad_softcap(softcap, exc, msg):
+    with pytest.raises(exc, match=msg):
+        cupyops.attention(Q, K, V, softcap=softcap)
+
+
+def test_masks_as_the_kernels_take_them():
+    m = A.check_masks(None, None, False, 100)
+    assert (m.window_left, m.window_right, m.softcap, m.windowed) == (-1, -1, 0.0, False)
+    m = A.check_masks((4, 2), 30, False, 100)
+    assert (m.window_left, m.window_right, m.softcap, m.windowed) == (4, 2, 30.0, True)
+    m = A.check_masks((4, 2), None, True, 100)  # the causal mask already hides the right side
+    assert (m.window_left, m.window_right) == (4, -1)
+    m = A.check_masks((np.int64(100), None), 0, False, 100)  # a side that reaches every key hides none
+    assert (m.window_left, m.window_right, m.softcap, m.windowed) == (-1, -1, 0.0, False)
+    m = A.check_masks([-1, 0], None, False, 100)  # FlashAttention's -1, a list
+    assert (m.window_left, m.window_right) == (-1, 0)
+
+
+def test_rungs_that_cannot_take_masks_say_which_argument():
+    from cupyops.ops._attention_problem import masks_reason
+
+    p = types.SimpleNamespace(windowed=True, softcap=0.0)
+    assert masks_reason(p, "flash3") == "window: flash3 does not support sliding windows"
+    assert masks_reason(p, "flash3", window=True) is None
+    p = types.SimpleNamespace(windowed=False, softcap=30.0)
+    assert masks_reason(p, "decode", window=True) == "softcap: decode does not support logit soft-capping"
 
 
 def test_reference_alignments_and_rows_that_see_nothing():

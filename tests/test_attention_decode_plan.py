@@ -164,7 +164,8 @@ def test_choose_splits_edges():
 
 
 def _problem(**kw):
-    base = {"dtype": "bfloat16", "B": 2, "Hq": 8, "Hkv": 2, "Sq": 1, "Skv": 100, "D": 128}
+    base = {"dtype": "bfloat16", "B": 2, "Hq": 8, "Hkv": 2, "Sq": 1, "Skv": 100, "D": 128,
+            "window_left": -1, "window_right": -1, "windowed": False, "softcap": 0.0}
     base.update(kw)
     return types.SimpleNamespace(**base)
 

@@ -49,6 +49,8 @@ A = cupyops.attention_varlen
     (lambda: A(Q, K, V, CQ, CK, causal=1), TypeError, r"^causal: expected a bool"),
     (lambda: A(Q, K, V, CQ, CK, causal_align="left"), ValueError, r"^causal_align: expected one of"),
     (lambda: A(Q, K, V, CQ, CK, scale=float("nan")), ValueError, r"^scale: must be finite"),
+    (lambda: A(Q, K, V, CQ, CK, window=(1, -3)), ValueError, r"^window: the right side must be >= 0"),
+    (lambda: A(Q, K, V, CQ, CK, softcap=-5.0), ValueError, r"^softcap: must be a finite float32 >= 0"),
     (lambda: A(Q, K, V, CQ, CK, impl="flash9"), ValueError, r"^impl: "),
     (lambda: A(Q, K, V, CQ, CK, out=np.empty((8, 4, 8), np.float32)), TypeError, r"^out: "),
     (lambda: A(Q, K, V, CQ, CK, out=np.empty((7, 4, 8), F16)), ValueError, r"^out: "),
@@ -75,3 +77,13 @@ def test_reference_is_attention_per_sequence(causal, align):
         np.testing.assert_array_equal(got[q0:q1], o[0])
         np.testing.assert_array_equal(lse[:, q0:q1], l_b[0])
     assert np.all(got[cq[3]:] == 0) and np.all(np.isneginf(lse[:, cq[3]:]))  # the sequence with no key
+
+
+def test_reference_windows_and_caps_go_to_each_sequence():
+    q, k, v, cq, ck = case(q_lens=(3, 6, 2), k_lens=(5, 6, 7), Hq=4, Hkv=2)
+    got = reference.attention_varlen(q, k, v, cq, ck, causal=True, window=(2, None), softcap=1.5)
+    for b in range(3):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        o = reference.attention(q[q0:q1][None], k[k0:k1][None], v[k0:k1][None], causal=True,
+                                causal_align="bottom_right", window=(2, None), softcap=1.5)
+        np.testing.assert_array_equal(got[q0:q1], o[0])

@@ -9,12 +9,18 @@ the KV sequence is split over S blocks so that a few sequences still fill every 
 partial results are merged through their log-sum-exp, in split order, by
 ``attention_decode_merge<T>``. fp16/bf16 use mma.sync, float32 the CUDA cores.
 
+Sliding windows and logit soft-capping are runtime arguments (AttentionProblem's
+window_left, window_right, softcap). A window cuts the stream: the splits cover only the
+keys some row sees (``key_span``), so a left window of W keys over a long cache is planned
+and streamed as ~W keys; the cap is a uniform branch a tile in the kernel.
+
 ``plan`` is a plain function of numbers (the CPU tier checks it); ``launch`` memoizes it per
 shape and device.
 
 The same file serves cupyops.attention_paged (cupyops/ops/paged.py):
 ``attention_decode_paged<T, DT, RT, STAGES>`` is that kernel with its K/V rows found through
-a page table, planned by ``plan(..., paged=True)`` for the table's capacity and launched by
+a page table, planned by ``plan(..., paged=True)`` for the table's capacity (or a left
+window's span, each sequence's splits starting at its own window) and launched by
 ``launch_paged``; and the paged cache's two helpers, ``kv_cache_append<T>`` and
 ``attention_merge_states<T>`` (``append_launches``, ``merge_states_launches``).
 """
@@ -24,7 +30,7 @@ import numpy as np
 
 from .. import _arrays, _dtypes, _fast, _launch
 from .._kernels import KernelFile, template_name
-from ._attention_problem import MAX_HEAD_DIM
+from ._attention_problem import MAX_HEAD_DIM, masks_reason
 
 VARIANTS = {
     "decode": "q_len 1..16 (decode): K/V streamed once per KV head through a cp.async ring, "
@@ -164,6 +170,47 @@ def visible_keys(i, Skv, causal, causal_offset):
     return 0 if last < 0 else min(last + 1, Skv)
 
 
+def first_key(i, win_left, causal_offset):
+    """attn::first_key: the first key query row i sees under a left window (0 without)."""
+    return 0 if win_left < 0 else max(0, i + causal_offset - win_left)
+
+
+def key_end(i, Skv, causal, causal_offset, win_right):
+    """attn::key_end: one past the last key query row i sees (visible_keys cut by a right
+    window); row i sees [first_key, key_end), none where key_end <= first_key."""
+    end = visible_keys(i, Skv, causal, causal_offset)
+    if win_right < 0:
+        return end
+    last = i + causal_offset + win_right
+    return 0 if last < 0 else min(last + 1, end)
+
+
+GROUP_KEYS = 16  # decode::GROUP_KEYS: a block's first key, and the split grid's, round down to it
+
+
+def split_base(win_left, causal_offset):
+    """decode::split_base: the first key of the split grid, query position 0's first key (no
+    row sees an earlier one) rounded down to GROUP_KEYS; 0 without a left window."""
+    return first_key(0, win_left, causal_offset) // GROUP_KEYS * GROUP_KEYS
+
+
+def key_span(Sq, Skv, causal=False, causal_offset=0, win_left=-1, win_right=-1, paged=False):
+    """(lo, hi): the keys the splits cover, [lo, hi). Contiguous: from split_base to the
+    last key any row sees (query position Sq - 1's key_end); a sliding window's keys outside
+    are in no split, so they are never loaded. Paged (Skv the table's capacity; each
+    sequence's offset, seq_len - Sq, lives on the GPU): (0, the longest span a sequence can
+    need): the capacity, or with a left window W at most Sq + W + GROUP_KEYS - 1 keys
+    (seq_len - split_base(W, seq_len - Sq), the last row being the sequence's last token),
+    since each sequence's splits start at its own split_base."""
+    if paged:
+        if win_left < 0:
+            return 0, Skv
+        return 0, min(Skv, Sq + win_left + GROUP_KEYS - 1)
+    hi = max((key_end(i, Skv, causal, causal_offset, win_right) for i in range(Sq)), default=0)
+    lo = split_base(win_left, causal_offset)
+    return lo, max(lo, hi)
+
+
 def split_cost_us(S, tiles, pairs, slots, tile_bytes, inflight_bytes, hbm=HBM_BYTES_PER_US):
     """Modelled time (us) of S splits of ``tiles`` K/V tiles of ``tile_bytes`` each, for
     ``pairs`` blocks a split (B * Hkv * row tiles) on ``slots`` resident blocks (SMs x
@@ -207,7 +254,7 @@ class DecodePlan:
     nrt: int  # row tiles a KV head (cdiv(group * q_len, rt))
     stages: int
     bk: int  # keys a tile
-    kv: int  # keys any row sees (the splits cover [0, kv))
+    kv: int  # past the last key any row sees (the splits cover [kv_lo, kv); paged: the span)
     splits: int  # S
     chunk: int  # keys a split (a multiple of bk)
     grid: tuple
@@ -219,15 +266,18 @@ class DecodePlan:
     work_lse: int  # float32 elements of the partial LSEs (0 when splits == 1)
     merge_grid: tuple
     merge_block: tuple
+    kv_lo: int = 0  # the split grid's first key (split_base; paged: each sequence's own)
 
 
 def plan(dtype, B, Hq, Hkv, Sq, Skv, D, causal=False, causal_offset=0, sm_count=132,
-         smem_per_sm=SMEM_PER_SM, paged=False):
+         smem_per_sm=SMEM_PER_SM, paged=False, win_left=-1, win_right=-1):
     """The launch of ``attention_decode`` (and its merge) for one problem: a plain function
     of numbers, so the CPU tier can check it. ``paged``: of ``attention_decode_paged``, with
     Skv the block table's capacity (max_pages * page_size: the lengths live on the GPU, so
-    the splits are sized for the longest sequence the table can hold; a split past a
-    shorter sequence's end is an empty block)."""
+    the splits are sized for the longest sequence the table can hold, or for a left
+    window's span where that is shorter; a split past a shorter sequence's end is an empty
+    block). ``win_left`` / ``win_right``: the sliding window (-1: unlimited side), whose
+    keys outside are in no split (key_span)."""
     if dtype not in (PAGED_DTYPES if paged else DTYPES["decode"]):
         raise TypeError(f"dtype: decode supports {', '.join(PAGED_DTYPES if paged else DTYPES['decode'])}, "
                         f"got {dtype}")
@@ -239,9 +289,11 @@ def plan(dtype, B, Hq, Hkv, Sq, Skv, D, causal=False, causal_offset=0, sm_count=
     bk = tile_keys(dtype)
     smem = smem_bytes(dtype, dt, rt)
     blocks_per_sm = max(1, min(smem_per_sm // (smem + 1024), min_blocks(dtype, dt, rt)))
-    # keys beyond the last one any row sees are never split (top-left causal decode: 1 key)
-    kv = max((visible_keys(i, Skv, causal, causal_offset) for i in range(Sq)), default=0)
-    tiles = _launch.cdiv(kv, bk)
+    # keys beyond the last one any row sees are never split (top-left causal decode: 1 key),
+    # nor keys before a left window's first (a window of W keys over a long cache streams
+    # ~W keys, planned as a sequence of that length)
+    kv_lo, kv = key_span(Sq, Skv, causal, causal_offset, win_left, win_right, paged)
+    tiles = _launch.cdiv(kv - kv_lo, bk)
     pairs = B * Hkv * nrt
     tile_bytes = 2 * bk * D * _dtypes.itemsize(dtype)  # K + V bytes of a full tile
     inflight = (STAGES[dt] - 1) * 2 * bk * dt * _dtypes.itemsize(dtype)
@@ -273,7 +325,7 @@ def plan(dtype, B, Hq, Hkv, Sq, Skv, D, causal=False, causal_offset=0, sm_count=
         stages=STAGES[dt], bk=bk, kv=kv, splits=S, chunk=chunk, grid=(max(1, blocks), 1, 1),
         block=(THREADS, 1, 1), smem=smem, launch_smem=launch_smem, blocks_per_sm=blocks_per_sm,
         work_o=nrows * S * D if S > 1 else 0, work_lse=nrows * S if S > 1 else 0,
-        merge_grid=(max(1, merge_blocks), 1, 1), merge_block=(THREADS, 1, 1),
+        merge_grid=(max(1, merge_blocks), 1, 1), merge_block=(THREADS, 1, 1), kv_lo=kv_lo,
     )
 
 
@@ -289,6 +341,9 @@ def supports(impl, p):
         return f"head_dim: decode supports 1..{MAX_HEAD_DIM}, got {p.D}"
     if p.Hkv < 1 or p.Hq % p.Hkv:
         return f"k: decode needs kv_heads to divide q_heads ({p.Hq}), got {p.Hkv}"
+    reason = masks_reason(p, "decode", window=True, softcap=True)
+    if reason:
+        return reason
     # the head_dim-256 tier's ring needs more than an A100-class GPU's opt-in: auto falls back
     dt = head_dim_tier(p.D)
     rt = row_tile(p.dtype, dt, (p.Hq // p.Hkv) * p.Sq)
@@ -320,7 +375,8 @@ def launches(p):
     props = _launch.device_props()
     pl = _launch.memo(_PLANS, (p.shape_key(), props.sm_count),
                       lambda: plan(p.dtype, p.B, p.Hq, p.Hkv, p.Sq, p.Skv, p.D, p.causal,
-                                   p.causal_offset, props.sm_count, props.smem_per_sm))
+                                   p.causal_offset, props.sm_count, props.smem_per_sm,
+                                   win_left=p.window_left, win_right=p.window_right))
     fn = KERNELS.function(pl.name)
     _launch.request_smem(fn, pl.launch_smem, props, "attention impl='decode'")
     args = p.args()
@@ -379,7 +435,8 @@ def paged_launches(pp):
     props = _launch.device_props()
     pl = _launch.memo(_PAGED_PLANS, (p.shape_key(), props.sm_count),
                       lambda: plan(p.dtype, p.B, p.Hq, p.Hkv, p.Sq, p.Skv, p.D, sm_count=props.sm_count,
-                                   smem_per_sm=props.smem_per_sm, paged=True))
+                                   smem_per_sm=props.smem_per_sm, paged=True, win_left=p.window_left,
+                                   win_right=p.window_right))
     fn = KERNELS.function(pl.name)
     _launch.request_smem(fn, pl.launch_smem, props, "attention_paged")
     args = p.args()

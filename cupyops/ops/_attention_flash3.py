@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import _dtypes, _launch, _tma
 from .._kernels import SPLIT_COMPILE, KernelFile, template_name
-from ._attention_problem import tensor_core_reason, tile_config
+from ._attention_problem import masks_reason, tensor_core_reason, tile_config
 
 VARIANTS = {
     "flash3": "FlashAttention-3 on Hopper (sm_90a): a TMA producer warpgroup and two (or three) wgmma "
@@ -168,7 +168,8 @@ def supports(impl, p, config=None):
     """None when ``flash3`` can run ``p``, else the reason (naming the argument)."""
     if impl != "flash3":
         return f"impl: unknown attention_flash3 rung {impl!r}; expected flash3"
-    reason = _shape_reason(p)
+    # (no sliding windows or soft caps: the first try slowed the unmasked kernel, NOTES 96)
+    reason = _shape_reason(p) or masks_reason(p, "flash3")
     if reason is None and not p.aligned16():
         reason = "q: flash3 needs 16-byte aligned rows in q, k, v and out (pointers and strides)"
     if reason is None and work_tiles(p) > MAX_WORK_TILES:

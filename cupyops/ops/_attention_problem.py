@@ -65,10 +65,22 @@ class AttentionProblem:
     total_q: int = 0
     total_k: int = 0
     bottom_right: bool = False
+    # Sliding window: keys i + causal_offset - window_left .. i + causal_offset +
+    # window_right (-1: that side unlimited; causal_offset is then the alignment's offset
+    # with or without a causal mask); softcap > 0: scaled scores capped at
+    # softcap * tanh(s / softcap), 0: none. Only rungs whose supports() accepts them get
+    # other values (masks_reason).
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
 
     @property
     def varlen(self):
         return self.cu_q is not None
+
+    @property
+    def windowed(self):
+        return self.window_left >= 0 or self.window_right >= 0
 
     def varlen_args(self):
         """The packed-sequence kernel arguments after a rung's own (cu_q, cu_k, total_q,
@@ -87,7 +99,8 @@ class AttentionProblem:
         """Kernel arguments in ATTN_PARAMS order, with the C types the kernels expect."""
         lse = self.LSE if self.LSE is not None else _arrays.NULL_PTR
         key = (self.B, self.Hq, self.Hkv, self.Sq, self.Skv, self.D, self.q_strides, self.k_strides,
-               self.v_strides, self.o_strides, self.scale, self.causal, self.causal_offset)
+               self.v_strides, self.o_strides, self.scale, self.causal, self.causal_offset, self.window_left,
+               self.window_right, self.softcap)
         return (self.Q, self.K, self.V, self.O, lse) + _launch.memo(_SCALARS, key, self._scalars)
 
     def _scalars(self):
@@ -97,12 +110,14 @@ class AttentionProblem:
             *(i64(s) for s in self.q_strides), *(i64(s) for s in self.k_strides),
             *(i64(s) for s in self.v_strides), *(i64(s) for s in self.o_strides),
             np.float32(self.scale), i32(1 if self.causal else 0), i32(self.causal_offset),
+            i32(self.window_left), i32(self.window_right), np.float32(self.softcap),
         )
 
     def shape_key(self):
         """What a launch plan depends on (not the pointers or strides)."""
         return (self.dtype, self.B, self.Hq, self.Hkv, self.Sq, self.Skv, self.D, self.causal,
-                self.causal_offset, self.LSE is not None, self.varlen)
+                self.causal_offset, self.LSE is not None, self.varlen, self.window_left, self.window_right,
+                self.softcap)
 
     def aligned16(self):
         """Whether Q, K, V and O can be moved in 16-byte pieces (the tensor-core rungs'
@@ -114,6 +129,16 @@ class AttentionProblem:
             if arr.data.ptr % 16 or any((s * item) % 16 for s in strides) or (self.D * item) % 16:
                 return False
         return True
+
+
+def masks_reason(p, rung, window=False, softcap=False):
+    """Why rung ``rung``, which takes sliding windows where ``window`` and soft caps where
+    ``softcap``, cannot take problem ``p``'s, naming the argument; None when it can."""
+    if p.windowed and not window:
+        return f"window: {rung} does not support sliding windows"
+    if p.softcap and not softcap:
+        return f"softcap: {rung} does not support logit soft-capping"
+    return None
 
 
 MAX_GRID_YZ = 65535  # one block row per query head, one block plane per batch element

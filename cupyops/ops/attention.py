@@ -29,6 +29,7 @@ LAYOUTS = ("bshd", "bhsd")
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
 DECODE_MAX_Q = 16  # auto: q_len up to this goes to "decode" when it is registered
 _F32_MAX = float(np.finfo(np.float32).max)
+MIN_SOFTCAP = 1e-6  # the smallest cap taken (a cap scales scores by up to ~1 / cap)
 
 # The ladder, textbook first: the CUDA-core rungs, then the tensor-core and decode rungs.
 LAUNCHER_MODULES = (_attention_simt, _attention_flash, _attention_flash3, _attention_decode)
@@ -78,24 +79,29 @@ def auto_impl(p, hopper=False):
 # ------------------------------------------------------------------------- public API
 # the fast path's signature (cupyops/_fast.py): the layouts of q, k, v and the options, for
 # calls with no out= and no LSE
-_FAST = _fast.FastCalls(_fast.Declared(arrays=("q", "k", "v"), fixed=("return_lse", "out"), options={
-    "causal": bool, "causal_align": str, "scale": (type(None), float), "layout": str, "impl": str}))
+_FAST = _fast.FastCalls(_fast.Declared(arrays=("q", "k", "v"), fixed=("return_lse", "out", "window"), options={
+    "causal": bool, "causal_align": str, "scale": (type(None), float), "softcap": (type(None), float),
+    "layout": str, "impl": str}))
 
 
 @foreign_arrays(fast=_FAST)
-def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, layout="bshd",
-              return_lse=False, out=None, impl="auto"):
+def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, window=None, softcap=None,
+              layout="bshd", return_lse=False, out=None, impl="auto"):
     """Scaled dot-product attention, ``softmax(scale * q @ k^T [+ causal mask]) @ v``.
 
     layout "bshd": q is [batch, q_len, q_heads, head_dim], k and v [batch, kv_len, kv_heads,
     head_dim]; "bhsd": [batch, heads, len, head_dim]. q_heads must be a multiple of kv_heads
     (GQA; MQA when kv_heads == 1): query head h reads kv head h // (q_heads // kv_heads).
     scale defaults to 1 / sqrt(head_dim). causal: query i sees key j iff j <= i
-    (causal_align "top_left") or j <= i + kv_len - q_len ("bottom_right"); a query that sees
-    no key gets zeros (and LSE -inf). float32, float16, bfloat16 (float32 math), head_dim
-    1..256. Returns the output (q's shape, dtype and layout), or (output, lse) with
-    ``return_lse``: lse float32 [batch, q_heads, q_len], the natural-log log-sum-exp of each
-    row's scaled scores."""
+    (causal_align "top_left") or j <= i + kv_len - q_len ("bottom_right"). window=(left,
+    right): query i also sees only keys i + offset - left <= j <= i + offset + right, offset
+    as causal_align says (0, or kv_len - q_len), with or without a causal mask (None or -1:
+    that side unlimited; FlashAttention's window_size with causal_align="bottom_right").
+    softcap: each scaled score s becomes softcap * tanh(s / softcap) (None or 0: no cap).
+    A query that sees no key gets zeros (and LSE -inf). float32, float16, bfloat16 (float32
+    math), head_dim 1..256. Returns the output (q's shape, dtype and layout), or (output,
+    lse) with ``return_lse``: lse float32 [batch, q_heads, q_len], the natural-log
+    log-sum-exp of each row's scaled (and capped) scores."""
     q, k, v, dt = operands(q, k, v)
     if not isinstance(layout, str) or layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}")
@@ -107,6 +113,7 @@ def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, lay
         raise ValueError(f"k: batch size {Bk} does not match q's {B}")
     check_heads(q, k, v, D, Dk, Hq, Hkv)
     causal, scale, return_lse = check_options(causal, causal_align, scale, return_lse, D)
+    masks = check_masks(window, softcap, causal, Sq + Skv)
     _arrays.check_impl(impl, LADDER, "attention")
     if impl != "auto" and dt not in dtypes_of(impl):
         raise TypeError(f"impl: {impl!r} supports {', '.join(dtypes_of(impl))}, not {dt}")
@@ -117,13 +124,13 @@ def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, lay
     # as fresh contiguous pool arrays, so nothing is copied or allocated before this point.
     # A call with an empty result, or no key (zeros), launches nothing and consults no rung.
     host = not _arrays.is_cupy(q)
-    offset = Skv - Sq if causal and causal_align == "bottom_right" else 0
+    offset = Skv - Sq if (causal or masks.windowed) and causal_align == "bottom_right" else 0
     launches = B * Hq * Sq > 0 and Skv > 0
     if launches:
         probe = _problem(dt, (B, Hq, Hkv, Sq, Skv, D), layout,
                          [_Fresh(x.shape, x.dtype) if host or _needs_copy(x) else x for x in (q, k, v)],
                          out if out is not None and not host else _Fresh(q.shape, q.dtype),
-                         _Fresh((B, Hq, Sq), np.float32) if return_lse else None, scale, causal, offset)
+                         _Fresh((B, Hq, Sq), np.float32) if return_lse else None, scale, causal, offset, masks)
         if impl == "auto":
             impl = auto_impl(probe, hopper=_hopper())
         else:
@@ -142,7 +149,7 @@ def attention(q, k, v, *, causal=False, causal_align="top_left", scale=None, lay
     elif launches:
         ops = [_arrays.to_device(x, call) if host else addressable(x)
                for x in (q, k, v)]
-        p = _problem(dt, (B, Hq, Hkv, Sq, Skv, D), layout, ops, y, lse, scale, causal, offset)
+        p = _problem(dt, (B, Hq, Hkv, Sq, Skv, D), layout, ops, y, lse, scale, causal, offset, masks)
         _LAUNCHERS[impl].launch(impl, p)
         replay = getattr(_LAUNCHERS[impl], "fast_launches", None)
         if replay and not host and out is None and not return_lse:  # offered to the fast path
@@ -198,6 +205,51 @@ def check_options(causal, causal_align, scale, return_lse, D):
                          f"got {causal_align!r}")
     scale = 1.0 / math.sqrt(D) if scale is None else _scale(scale)
     return causal, scale, _flag(return_lse, "return_lse")
+
+
+class Masks(types.SimpleNamespace):
+    """A call's sliding window and soft cap as the kernels take them (AttentionProblem's
+    window_left, window_right: -1 for an unlimited side; softcap 0.0 for none)."""
+
+    @property
+    def windowed(self):
+        return self.window_left >= 0 or self.window_right >= 0
+
+
+NO_MASKS = Masks(window_left=-1, window_right=-1, softcap=0.0)
+
+
+def check_masks(window, softcap, causal, reach):
+    """``window`` ((left, right), each an int >= 0, or None / -1 for unlimited; or None) and
+    ``softcap`` (a positive real, or None / 0 for none) checked, as a Masks. ``reach``: a
+    side at least this long (the query and key lengths together) hides nothing, and the
+    right side hides nothing under a causal mask: both are taken as unlimited."""
+    if window is None and softcap is None:
+        return NO_MASKS
+    sides = [-1, -1]
+    if window is not None:
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            raise TypeError(f"window: expected (left, right) or None, got {window!r}")
+        for j, (w, side) in enumerate(zip(window, ("left", "right"))):
+            if w is None:
+                continue
+            if isinstance(w, (bool, np.bool_)) or not isinstance(w, numbers.Integral):
+                raise TypeError(f"window: the {side} side must be an int or None, got {type(w).__name__}")
+            if w < -1:
+                raise ValueError(f"window: the {side} side must be >= 0 (or -1 / None: unlimited), got {int(w)}")
+            sides[j] = -1 if w >= reach else int(w)
+        if causal:
+            sides[1] = -1  # the causal mask hides every key right of the diagonal already
+    cap = 0.0
+    if softcap is not None:
+        if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):
+            raise TypeError(f"softcap: expected a positive real number or None, got {type(softcap).__name__}")
+        cap = float(softcap)
+        if not (math.isfinite(cap) and cap >= 0) or cap > _F32_MAX:
+            raise ValueError(f"softcap: must be a finite float32 >= 0 (0: no cap), got {softcap}")
+        if 0 < cap < MIN_SOFTCAP:  # (it would flatten every score to +-cap; the kernels' factors overflow)
+            raise ValueError(f"softcap: must be 0 (no cap) or at least {MIN_SOFTCAP:g}, got {softcap}")
+    return Masks(window_left=sides[0], window_right=sides[1], softcap=cap)
 
 
 def check_out(out, q, k, v):
@@ -282,11 +334,12 @@ def _strides(x, layout):
     return st if layout == "bshd" else (st[0], st[2], st[1])
 
 
-def _problem(dt, dims, layout, qkv, o, lse, scale, causal, offset):
+def _problem(dt, dims, layout, qkv, o, lse, scale, causal, offset, masks=NO_MASKS):
     B, Hq, Hkv, Sq, Skv, D = dims
     q, k, v = qkv
     return AttentionProblem(
         dtype=dt, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Skv=Skv, D=D, Q=q, K=k, V=v, O=o, LSE=lse,
         q_strides=_strides(q, layout), k_strides=_strides(k, layout), v_strides=_strides(v, layout),
         o_strides=_strides(o, layout), scale=scale, causal=causal, causal_offset=offset,
+        window_left=masks.window_left, window_right=masks.window_right, softcap=masks.softcap,
     )

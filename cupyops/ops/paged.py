@@ -25,7 +25,7 @@ from .._interop import foreign_arrays
 from .. import _arrays, _dtypes, _fast
 from . import _attention_decode
 from ._attention_problem import MAX_HEAD_DIM, AttentionProblem
-from .attention import _flag, _needs_copy, _scale, _strides, addressable, lead_strides
+from .attention import _flag, _needs_copy, _scale, _strides, addressable, check_masks, lead_strides
 
 _PAGED = ", ".join(_attention_decode.PAGED_DTYPES)
 _ALL = ", ".join(_dtypes.FLOAT_TYPES)
@@ -63,16 +63,16 @@ def _fast_spec_append(sig, k_cache, v_cache, k, v, block_table, positions):
 # attention_paged's: the five arrays' layouts and the options, for calls with no out= or LSE;
 # merge_attention_states's: the four arrays' layouts
 _FAST = {"attention_paged": _fast.FastCalls(_fast.Declared(
-             arrays=("q", "k_cache", "v_cache", "block_table", "seq_lens"), fixed=("return_lse", "out"),
-             options={"causal": bool, "scale": (type(None), float), "impl": str})),
+             arrays=("q", "k_cache", "v_cache", "block_table", "seq_lens"), fixed=("return_lse", "out", "window"),
+             options={"causal": bool, "scale": (type(None), float), "softcap": (type(None), float), "impl": str})),
          "kv_cache_append": _fast.FastCalls(_fast_spec_append),
          "merge_attention_states": _fast.FastCalls(_fast.Declared(arrays=("o_a", "lse_a", "o_b", "lse_b")))}
 
 
 # ------------------------------------------------------------------ attention_paged
 @foreign_arrays(fast=_FAST["attention_paged"])
-def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, causal=True, scale=None,
-                    return_lse=False, out=None, impl="auto"):
+def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, causal=True, scale=None, window=None,
+                    softcap=None, return_lse=False, out=None, impl="auto"):
     """Decode attention over a paged KV cache: for each sequence b, its q_len newest tokens
     attend to its first ``seq_lens[b]`` cached keys.
 
@@ -87,7 +87,10 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, causal=True, 
     tokens in the cache per sequence, the new ones included; they may all differ.
 
     Query row i of sequence b (of length L) sees keys j <= i + L - q_len with ``causal``
-    (bottom-right aligned: the newest token sees everything), all L keys without. GQA/MQA:
+    (bottom-right aligned: the newest token sees everything), all L keys without.
+    window=(left, right): row i also sees only keys i + L - q_len - left <= j <= i + L - q_len
+    + right (None or -1: that side unlimited; Mistral's sliding window is (W - 1, 0));
+    softcap: scaled scores capped at softcap * tanh(s / softcap) (None or 0: none). GQA/MQA:
     query head h reads kv head h // (q_heads // kv_heads). scale defaults to
     1 / sqrt(head_dim). float16 or bfloat16 (float32 math; P rounded to the input type for
     P @ V). Returns the output (q's shape and dtype), or (output, lse) with
@@ -106,8 +109,7 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, causal=True, 
     of zeros (keys scoring 0, zero values); nothing is read out of bounds. NumPy
     block_table / seq_lens (a host call) are checked and raise ValueError instead.
 
-    Not there yet (issue 19's later steps): packed chunked prefill (``cu_seqlens_q``),
-    sliding windows (``window``), logit soft-capping (``softcap``)."""
+    Not there yet: packed chunked prefill (``cu_seqlens_q``)."""
     q = _arrays.as_input(q, "q")
     dt = _arrays.check_dtype(q, "q", _dtypes.FLOAT_TYPES)
     if dt not in _attention_decode.PAGED_DTYPES:
@@ -128,6 +130,7 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, causal=True, 
     capacity = _capacity(max_pages, P)
     causal = _flag(causal, "causal")
     scale = 1.0 / math.sqrt(D) if scale is None else _scale(scale)
+    masks = check_masks(window, softcap, causal, Sq + capacity)
     return_lse = _flag(return_lse, "return_lse")
     _arrays.check_impl(impl, VARIANTS["attention_paged"], "attention_paged")
     out = _arrays.check_out(out, q, q.shape, q.dtype)
@@ -139,7 +142,7 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, causal=True, 
     launches = B * Hq > 0
     if launches:  # the GPU's own limit (shared memory a block): before anything is allocated
         reason = _attention_decode.paged_supports(_problem(
-            dt, (B, Hq, Hkv, Sq, capacity, D), [q, k_cache, v_cache], q, None, scale, causal))
+            dt, (B, Hq, Hkv, Sq, capacity, D), [q, k_cache, v_cache], q, None, scale, causal, masks))
         if reason:
             raise ValueError(f"impl: 'decode' cannot run this problem: {reason}")
 
@@ -155,7 +158,7 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, causal=True, 
             kd, vd = k_cache, v_cache
             btd, sld = addressable(block_table), addressable(seq_lens)
         pp = _attention_decode.PagedProblem(
-            problem=_problem(dt, (B, Hq, Hkv, Sq, capacity, D), [qd, kd, vd], y, lse, scale, causal),
+            problem=_problem(dt, (B, Hq, Hkv, Sq, capacity, D), [qd, kd, vd], y, lse, scale, causal, masks),
             block_table=btd, bt_stride=btd.strides[0] // 4 if max_pages and B > 1 else 0, seq_lens=sld,
             page_shift=P.bit_length() - 1, num_pages=num_pages)
         _attention_decode.launch_paged(pp)
@@ -169,15 +172,17 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, causal=True, 
     return result, _arrays.finish(lse, None, call)
 
 
-def _problem(dt, dims, qkv, o, lse, scale, causal):
+def _problem(dt, dims, qkv, o, lse, scale, causal, masks):
     """The AttentionProblem of a paged launch: the caches' (page, slot, head) strides where
-    attention has (batch, seq, head), Skv the table's capacity."""
+    attention has (batch, seq, head), Skv the table's capacity (the kernel takes each
+    sequence's offset, for the causal mask and the window, from its own length)."""
     B, Hq, Hkv, Sq, capacity, D = dims
     q, k, v = qkv
     return AttentionProblem(
         dtype=dt, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Skv=capacity, D=D, Q=q, K=k, V=v, O=o, LSE=lse,
         q_strides=_strides(q, "bshd"), k_strides=_strides(k, "bshd"), v_strides=_strides(v, "bshd"),
-        o_strides=_strides(o, "bshd"), scale=scale, causal=causal, causal_offset=0)
+        o_strides=_strides(o, "bshd"), scale=scale, causal=causal, causal_offset=0,
+        window_left=masks.window_left, window_right=masks.window_right, softcap=masks.softcap)
 
 
 # ------------------------------------------------------------------ kv_cache_append

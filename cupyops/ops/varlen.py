@@ -30,8 +30,8 @@ from .._interop import foreign_arrays
 from .. import _arrays, _dtypes
 from . import _attention_flash3
 from ._attention_problem import AttentionProblem
-from .attention import _Fresh, _hopper, _needs_copy, addressable, check_heads, check_options, check_out, lead_strides, \
-    operands
+from .attention import NO_MASKS, _Fresh, _hopper, _needs_copy, addressable, check_heads, check_masks, check_options, \
+    check_out, lead_strides, operands
 from .attention import attention as _attention
 
 VARIANTS = {
@@ -48,7 +48,8 @@ _INT32_MAX = 2**31 - 1
 
 @foreign_arrays()
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=False,
-                     causal_align="bottom_right", scale=None, return_lse=False, out=None, impl="auto"):
+                     causal_align="bottom_right", scale=None, window=None, softcap=None, return_lse=False, out=None,
+                     impl="auto"):
     """Attention of packed sequences: q ``[total_q, q_heads, head_dim]``, k and v
     ``[total_k, kv_heads, head_dim]``, sequence b being rows ``cu_seqlens_q[b]:cu_seqlens_q[b
     + 1]`` of q (and of the output) and ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]`` of k and v
@@ -56,8 +57,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     ``flash_attn_varlen_func``. Per sequence, ``attention``'s semantics: GQA/MQA (q_heads a
     multiple of kv_heads), ``scale`` (default 1 / sqrt(head_dim)), ``causal`` with
     ``causal_align`` "bottom_right" (the default here, as FlashAttention's: a sequence's
-    last query sees its last key) or "top_left"; a query that sees no key gets zeros and LSE
-    -inf. ``max_seqlen_q`` / ``max_seqlen_k``: the longest sequence's lengths (see the module
+    last query sees its last key) or "top_left"; ``window`` (left, right) and ``softcap`` as
+    in ``attention`` (a window takes the causal_align alignment of each sequence, with or
+    without a causal mask: FlashAttention's ``window_size``); a query that sees no key gets
+    zeros and LSE -inf. ``max_seqlen_q`` / ``max_seqlen_k``: the longest sequence's lengths (see the module
     docstring: giving them, with the offsets on the GPU, spares a host read). Returns the
     output (q's shape and dtype), or (output, lse) with ``return_lse``: lse float32
     ``[q_heads, total_q]``, the natural-log log-sum-exp of each row's scaled scores.
@@ -78,6 +81,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     max_q = _max_len(max_seqlen_q, "max_seqlen_q", total_q)
     max_k = _max_len(max_seqlen_k, "max_seqlen_k", total_k)
     causal, scale, return_lse = check_options(causal, causal_align, scale, return_lse, D)
+    masks = check_masks(window, softcap, causal, total_q + total_k)
     _arrays.check_impl(impl, VARIANTS["attention_varlen"], "attention_varlen")
     out = check_out(out, q, k, v)
 
@@ -98,7 +102,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
         probe = _problem(dt, batch, Hq, Hkv, max_q, max_k, D,
                          *(_Fresh(x.shape, x.dtype) if host or _needs_copy(x) else x for x in (q, k, v)),
                          out if out is not None and not host else _Fresh(q.shape, q.dtype),
-                         None, scale, causal, causal_align, cu_q, cu_k, total_q, total_k)
+                         None, scale, causal, causal_align, cu_q, cu_k, total_q, total_k, masks)
         hopper = _hopper()
         reason = _attention_flash3.supports("flash3", probe) if hopper else "it runs on sm_90 GPUs"
         if reason is None:
@@ -121,10 +125,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             ck = cp.ascontiguousarray(cp.asarray(cu_k, dtype=np.int32))
             qd, kd, vd = (addressable(x) for x in (qd, kd, vd))
             p = _problem(dt, batch, Hq, Hkv, max_q, max_k, D, qd, kd, vd, y, lse, scale, causal, causal_align,
-                         cq, ck, total_q, total_k)
+                         cq, ck, total_q, total_k, masks)
             _attention_flash3.launch("flash3", p)
         else:
-            _per_sequence(qd, kd, vd, y, lse, offsets, causal, causal_align, scale)
+            _per_sequence(qd, kd, vd, y, lse, offsets, causal, causal_align, scale, window, softcap)
     result = _arrays.finish(y, out, call)
     if not return_lse:
         return result
@@ -187,15 +191,16 @@ def _row_strides(x):
 
 
 def _problem(dt, batch, Hq, Hkv, max_q, max_k, D, q, k, v, o, lse, scale, causal, causal_align, cq, ck, total_q,
-             total_k):
+             total_k, masks=NO_MASKS):
     return AttentionProblem(
         dtype=dt, B=batch, Hq=Hq, Hkv=Hkv, Sq=max_q, Skv=max_k, D=D, Q=q, K=k, V=v, O=o, LSE=lse,
         q_strides=_row_strides(q), k_strides=_row_strides(k), v_strides=_row_strides(v), o_strides=_row_strides(o),
         scale=scale, causal=causal, causal_offset=0, cu_q=cq, cu_k=ck, total_q=total_q, total_k=total_k,
-        bottom_right=causal_align == "bottom_right")
+        bottom_right=causal_align == "bottom_right", window_left=masks.window_left, window_right=masks.window_right,
+        softcap=masks.softcap)
 
 
-def _per_sequence(q, k, v, y, lse, offsets, causal, causal_align, scale):
+def _per_sequence(q, k, v, y, lse, offsets, causal, causal_align, scale, window, softcap):
     """attention() once a sequence, on row views of the packed tensors (a sequence with no
     query row launches nothing; one with no key gets zeros and LSE -inf)."""
     oq, ok = offsets[0], offsets[1]
@@ -204,6 +209,6 @@ def _per_sequence(q, k, v, y, lse, offsets, causal, causal_align, scale):
         if q1 == q0:
             continue
         r = _attention(q[q0:q1][None], k[k0:k1][None], v[k0:k1][None], causal=causal, causal_align=causal_align,
-                       scale=scale, return_lse=lse is not None, out=y[q0:q1][None])
+                       scale=scale, window=window, softcap=softcap, return_lse=lse is not None, out=y[q0:q1][None])
         if lse is not None:
             lse[:, q0:q1] = r[1][0]

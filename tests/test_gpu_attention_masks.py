@@ -1,0 +1,199 @@
+"""GPU tier for sliding windows and logit soft-capping (``window=``, ``softcap=``) in
+attention, attention_varlen and attention_paged, against the float64 reference.
+
+Every rung of ``cupyops.variants("attention")`` and ``auto``, every dtype it claims: a rung
+that runs a problem without a window or a cap must run it with them (none may refuse the
+masks where it takes the plain problem, except flash3: MASKLESS), and give the reference's
+output and LSE, into an ``out=`` poisoned with NaN. The cases mix q_len != kv_len both ways, GQA/MQA, both
+alignments with and without a causal mask, windows that leave some rows no key (exact
+zeros, LSE -inf), one-sided and zero-width windows, large queries under a cap (a nearly
+one-hot softmax without one), and decode shapes. CuPy is imported inside the tests only."""
+import math
+
+import numpy as np
+import pytest
+
+import cupyops
+from cupyops import _dtypes, reference
+from cupyops.ops import attention as A
+from gpu_helpers import _cp
+from test_gpu_attention import check_lse, check_out, make_qkv, rungs, skip_unless_runs_here
+from test_gpu_paged import build_cache
+
+pytestmark = pytest.mark.gpu
+
+# (B, Sq, Skv, Hq, Hkv, D, causal, align, window, softcap, big)
+CASES = [
+    (2, 100, 257, 4, 2, 64, False, "bottom_right", (32, 8), None, False),
+    (1, 257, 257, 4, 1, 128, True, "top_left", (50, None), None, False),  # Mistral: (W - 1, 0) under causal
+    (2, 64, 300, 6, 3, 96, True, "bottom_right", (100, 0), 20.0, False),
+    (1, 300, 100, 4, 4, 128, False, "top_left", (None, 5), 30.0, False),
+    (1, 17, 64, 2, 1, 64, False, "bottom_right", (0, 0), None, False),  # one key a row
+    (1, 40, 17, 2, 2, 64, True, "bottom_right", (3, None), None, False),  # rows 0..22 see no key
+    (1, 130, 200, 4, 2, 128, False, "top_left", (None, -1), 3.0, True),  # a cap alone, large scores
+    (2, 129, 129, 2, 2, 256, True, "bottom_right", (64, None), 50.0, True),
+    (3, 1, 1000, 8, 2, 128, True, "bottom_right", (255, None), None, False),  # decode
+    (2, 4, 700, 4, 1, 64, True, "bottom_right", (100, 0), 30.0, False),
+    (2, 16, 257, 4, 4, 256, False, "bottom_right", (20, 3), 10.0, False),
+    (1, 3, 50, 2, 1, 40, False, "top_left", (60, 1), 5.0, False),  # odd head_dim: CUDA-core rungs
+]
+
+
+MASKLESS = {"flash3"}  # rungs that refuse windows and caps (flash3: they slowed its unmasked kernel)
+
+
+def offset(causal, window, align, Sq, Skv):
+    masked = causal or window is not None
+    return Skv - Sq if masked and align == "bottom_right" else 0
+
+
+def reason(impl, dtype, case, masks):
+    """The rung's supports() on the contiguous problem, with or without the case's masks."""
+    B, Sq, Skv, Hq, Hkv, D, causal, align, window, softcap, _ = case
+    t = _dtypes.to_dtype(dtype)
+    qs, ks = (B, Sq, Hq, D), (B, Skv, Hkv, D)
+    m = A.check_masks(window, softcap, causal, Sq + Skv) if masks else A.NO_MASKS
+    p = A._problem(dtype, (B, Hq, Hkv, Sq, Skv, D), "bshd", [A._Fresh(qs, t), A._Fresh(ks, t), A._Fresh(ks, t)],
+                   A._Fresh(qs, t), None, 1 / math.sqrt(D), causal, offset(causal, window, align, Sq, Skv), m)
+    return A._LAUNCHERS[impl].supports(impl, p)
+
+
+def no_key_rows(Sq, Skv, causal, align, window):
+    ref_off = Skv - Sq if align == "bottom_right" else 0
+    left, right = (None if w in (None, -1) else w for w in (window or (None, None)))
+    rows = []
+    for i in range(Sq):
+        p = i + ref_off
+        lo = 0 if left is None else max(0, p - left)
+        hi = Skv - 1
+        if causal:
+            hi = min(hi, p)
+        if right is not None:
+            hi = min(hi, p + right)
+        if hi < lo:
+            rows.append(i)
+    return rows
+
+
+@pytest.mark.parametrize("impl,dtype", rungs())
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}-q{}-kv{}-h{}/{}-d{}-{}-{}-w{}-c{}".format(*c[:10]))
+def test_windows_and_caps_against_the_reference(impl, dtype, case):
+    skip_unless_runs_here(impl)
+    if impl != "auto":
+        plain = reason(impl, dtype, case, masks=False)
+        if plain:
+            pytest.skip(f"{impl} does not run this problem at all: {plain}")
+        why = reason(impl, dtype, case, masks=True)
+        if impl in MASKLESS:
+            first = "window" if A.check_masks(case[8], case[9], case[6], 1 << 30).windowed else "softcap"
+            assert why and why.startswith(f"{first}: {impl} does not support"), why
+            q, k, v = (_cp().zeros((case[0], n, h, case[5]), _dtypes.to_dtype(dtype))
+                       for n, h in ((case[1], case[3]), (case[2], case[4]), (case[2], case[4])))
+            with pytest.raises(ValueError, match=f"^impl: '{impl}' cannot run this problem: {first}: "):
+                cupyops.attention(q, k, v, causal=case[6], causal_align=case[7], window=case[8], softcap=case[9],
+                                  impl=impl)
+            return
+        assert why is None, f"{impl} refuses the masks of a problem it runs: {why}"
+    run_masked(impl, dtype, case)
+
+
+def run_masked(impl, dtype, case):
+    """One case twice (plain, and into out= poisoned with NaN with the LSE) against the
+    reference; rows that see no key exactly zero."""
+    cp = _cp()
+    B, Sq, Skv, Hq, Hkv, D, causal, align, window, softcap, big = case
+    q, k, v = make_qkv(np.random.default_rng(7), dtype, B, Sq, Skv, Hq, Hkv, D, big)
+    ref, ref_lse = reference.attention(q, k, v, causal=causal, causal_align=align, return_lse=True, window=window,
+                                       softcap=softcap)
+    what = f"{impl} {dtype} {case}"
+    kw = dict(causal=causal, causal_align=align, window=window, softcap=softcap, impl=impl)
+    dq, dk, dv = (cp.asarray(x) for x in (q, k, v))
+    empty = no_key_rows(Sq, Skv, causal, align, window)
+    check_out(cupyops.attention(dq, dk, dv, **kw), ref, dtype, "bshd", what, empty)
+    out = cp.full(q.shape, np.nan, dtype=q.dtype)
+    res, lse = cupyops.attention(dq, dk, dv, return_lse=True, out=out, **kw)
+    assert res is out
+    check_out(out, ref, dtype, "bshd", what + " out=", empty)
+    check_lse(lse, ref_lse, what)
+
+
+def test_the_reference_rows_that_see_no_key_are_the_tests():
+    # (the helper above and the reference agree on which rows see nothing)
+    for case in CASES:
+        B, Sq, Skv, Hq, Hkv, D, causal, align, window, softcap, _ = case
+        q, k, v = make_qkv(np.random.default_rng(0), "float32", 1, Sq, Skv, 1, 1, 4)
+        _, lse = reference.attention(q, k, v, causal=causal, causal_align=align, return_lse=True, window=window)
+        assert list(np.flatnonzero(np.isneginf(lse[0, 0]))) == no_key_rows(Sq, Skv, causal, align, window), case
+
+
+def test_repeated_calls_with_other_caps_and_windows_take_their_own_values():
+    """The fast path keys a call by its options: a second call with another softcap (or a
+    window, which takes the checked path) must not replay the first one's launch."""
+    cp = _cp()
+    q, k, v = make_qkv(np.random.default_rng(3), "bfloat16", 4, 1, 512, 8, 2, 128, big=True)
+    dq, dk, dv = (cp.asarray(x) for x in (q, k, v))
+    for window, softcap in [(None, 30.0), (None, 30.0), (None, 5.0), ((100, None), 5.0), (None, None), (None, 5.0)]:
+        ref = reference.attention(q, k, v, causal=True, causal_align="bottom_right", window=window, softcap=softcap)
+        got = cupyops.attention(dq, dk, dv, causal=True, causal_align="bottom_right", window=window, softcap=softcap)
+        check_out(got, ref, "bfloat16", "bshd", f"window={window} softcap={softcap}")
+
+
+# ---------------------------------------------------------------------------- varlen
+VARLEN = [  # (q_lens, k_lens, Hq, Hkv, D, causal, align, window, softcap)
+    ([77, 5, 300, 1], [77, 5, 300, 1], 4, 2, 64, True, "bottom_right", (31, None), None),
+    ([130, 0, 64, 257], [200, 33, 0, 257], 4, 1, 128, False, "bottom_right", (40, 10), 25.0),
+    ([300, 17], [100, 600], 8, 2, 128, True, "top_left", (16, None), 50.0),
+    ([129, 64], [333, 64], 4, 2, 96, False, "top_left", (None, 0), None),
+]
+
+
+@pytest.mark.parametrize("impl", ["flash3", "per_sequence", "auto"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", VARLEN, ids=lambda c: f"{len(c[0])}seq-d{c[4]}-{c[5]}-{c[6]}-w{c[7]}-c{c[8]}")
+def test_varlen_windows_and_caps(impl, dtype, case):
+    from test_gpu_varlen import check, hopper, packed
+
+    if impl == "flash3" and not hopper():
+        pytest.skip("flash3 runs on sm_90")
+    cp = _cp()
+    q_lens, k_lens, Hq, Hkv, D, causal, align, window, softcap = case
+    q, k, v, cq, ck = packed(np.random.default_rng(5), dtype, q_lens, k_lens, Hq, Hkv, D, big=softcap is not None)
+    ref, ref_lse = reference.attention_varlen(q, k, v, cq, ck, causal=causal, causal_align=align, return_lse=True,
+                                              window=window, softcap=softcap)
+    out = cp.full(q.shape, np.nan, dtype=q.dtype)
+    dq, dk, dv = (cp.asarray(x) for x in (q, k, v))
+    kw = dict(max_seqlen_q=max(q_lens), max_seqlen_k=max(k_lens), causal=causal, causal_align=align, window=window,
+              softcap=softcap, return_lse=True, out=out, impl=impl)
+    if impl in MASKLESS:
+        first = "window" if A.check_masks(window, softcap, causal, 1 << 30).windowed else "softcap"
+        with pytest.raises(ValueError, match=f"^impl: '{impl}' cannot run this problem: {first}: "):
+            cupyops.attention_varlen(dq, dk, dv, cp.asarray(cq), cp.asarray(ck), **kw)
+        return
+    res, lse = cupyops.attention_varlen(dq, dk, dv, cp.asarray(cq), cp.asarray(ck), **kw)
+    # rows outside every sequence stay as they were (NaN here): none in these cases
+    check(res, ref, dtype, f"{impl} {case}")
+    check_lse(lse, ref_lse, f"{impl} {case}")
+
+
+# ---------------------------------------------------------------------------- paged
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("P", [16, 128])
+@pytest.mark.parametrize("Sq,window,softcap", [(1, (255, None), None), (4, (100, 0), 30.0), (16, (7, 2), 10.0),
+                                               (1, (None, None), 50.0), (3, (0, 0), None)])
+def test_paged_windows_and_caps(dtype, P, Sq, window, softcap):
+    cp = _cp()
+    rng = np.random.default_rng(11)
+    lens = [Sq, 1000, 257, 1823][:3] + [max(Sq, 40)]
+    Hq, Hkv, D = 8, 2, 128
+    kc, vc, table = build_cache(rng, dtype, lens, P, Hkv, D)
+    t = _dtypes.to_dtype(dtype)
+    q = (rng.standard_normal((len(lens), Sq, Hq, D)) * 4).astype(t)
+    ref, ref_lse = reference.attention_paged(q, kc, vc, table, np.array(lens, np.int32), causal=True,
+                                             return_lse=True, window=window, softcap=softcap)
+    dq, dkc, dvc, dt_, dl = (cp.asarray(x) for x in (q, kc, vc, table, np.array(lens, np.int32)))
+    out = cp.full(q.shape, np.nan, dtype=t)
+    res, lse = cupyops.attention_paged(dq, dkc, dvc, dt_, dl, causal=True, window=window, softcap=softcap,
+                                       return_lse=True, out=out)
+    assert res is out
+    check_out(res, ref, dtype, "bshd", f"paged P={P} Sq={Sq} window={window} softcap={softcap}")
+    check_lse(lse, ref_lse, f"paged P={P} Sq={Sq} window={window} softcap={softcap}")
