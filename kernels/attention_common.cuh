@@ -72,9 +72,10 @@ __device__ __forceinline__ int key_end(int i, int Skv, int causal, int causal_of
 // unit = scale for rungs that keep raw scores and fold the scale into exp2 later, 1 for
 // rungs that scale first): x -> (softcap / unit) * tanh(unit * x / softcap), as
 // out - 2 out / (e^{2 unit x / softcap} + 1). Monotone in x for unit > 0, so running maxima
-// and masks work on capped scores as on plain ones. exp2 and a fast division: the absolute
-// error of tanh stays ~1e-7 (tanh.approx's 2^-11 relative error would move a score capped
-// at 50 by 0.02: 2 % in its weight).
+// and masks work on capped scores as on plain ones. exp2 and a fast division: the capped
+// score's absolute error is a few float32 ulps of softcap (~6e-6 at a cap of 50), where
+// tanh.approx's 2^-11 relative error would move a score capped at 50 by 0.02 (2 % in its
+// weight).
 struct SoftCap {
     float in, out;  // 2 log2(e) unit / softcap, softcap / unit
 

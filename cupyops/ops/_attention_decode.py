@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import _arrays, _dtypes, _fast, _launch
 from .._kernels import KernelFile, template_name
-from ._attention_problem import MAX_HEAD_DIM, masks_reason
+from ._attention_problem import MAX_HEAD_DIM
 
 VARIANTS = {
     "decode": "q_len 1..16 (decode): K/V streamed once per KV head through a cp.async ring, "
@@ -341,9 +341,6 @@ def supports(impl, p):
         return f"head_dim: decode supports 1..{MAX_HEAD_DIM}, got {p.D}"
     if p.Hkv < 1 or p.Hq % p.Hkv:
         return f"k: decode needs kv_heads to divide q_heads ({p.Hq}), got {p.Hkv}"
-    reason = masks_reason(p, "decode", window=True, softcap=True)
-    if reason:
-        return reason
     # the head_dim-256 tier's ring needs more than an A100-class GPU's opt-in: auto falls back
     dt = head_dim_tier(p.D)
     rt = row_tile(p.dtype, dt, (p.Hq // p.Hkv) * p.Sq)

@@ -74,8 +74,9 @@ TILES = {
 CONFIGS = {impl: tuple(c for c in TILES[impl] if c is not None) for impl in VARIANTS}
 # Relative throughput of a block on each configuration the wave model picks from (a
 # narrower tile re-reads A for fewer columns; a pair of 128 x 128 tiles that multicasts B
-# reads a quarter less from L2 than two single ones): 192 and 128 measured 0.88 and 0.91 of
-# 128 x 256 at 4096^3 (NOTES 55), the pair 0-4 % ahead of single 128 x 128 tiles (NOTES 95).
+# reads a quarter less from L2 than two single ones). Guesses that pick each swept shape's
+# winner (NOTES 55, 95), not measured ratios: at 4096^3 128 x 192 ran 0.88 and 128 x 128
+# 0.91 of 128 x 256, the pair 0.95.
 EFFICIENCY = {"128x256": 1.0, "128x192": 0.95, "128x128": 0.85, "128x128c2": 0.9}
 
 ARCH = "sm_90a"
@@ -292,7 +293,11 @@ def launch(impl, p, config=None):
         t = tile_of(impl, cfg)
         if t.cluster > 1:
             slots = _cluster_slots(pl.name, t, props, device)
-            pl = plan(impl, p, cfg, props.sm_count, slots)[1]
+            if slots is None and config is None:  # auto's pair, and none fits this GPU: single blocks
+                cfg = "128x128"
+                t, pl = tile_of(impl, cfg), plan(impl, p, cfg, props.sm_count)[1]
+            else:
+                pl = plan(impl, p, cfg, props.sm_count, slots)[1]
         return t, pl, streamk_plan(p, t, props.sm_count) if t.streamk else None
 
     # (the stream-K split, and with it the grid, depends on SK_MIN_K_TILES too)
