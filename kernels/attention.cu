@@ -86,6 +86,7 @@ template <typename T>
 __global__ void __launch_bounds__(256) attention_naive_scores(ATTN_PARAMS(T), float* __restrict__ S) {
     const i64 total = static_cast<i64>(B) * Hq * Sq * Skv;
     const int group = Hq / Hkv;
+    const SoftCap cap = SoftCap::make(softcap, 1.f);  // (scaled scores: unit 1; used if softcap > 0)
     for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
          e += static_cast<i64>(gridDim.x) * blockDim.x) {
         const int j = static_cast<int>(e % Skv);
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(256) attention_naive_scores(ATTN_PARAMS(T), fl
             float dot = 0.f;
             for (int d = 0; d < D; ++d) dot = fmaf(to_f32(q[d]), to_f32(k[d]), dot);
             s = dot * scale;
-            if (softcap > 0.f) s = SoftCap::make(softcap, 1.f)(s);  // (scaled scores: unit 1)
+            if (softcap > 0.f) s = cap(s);
         }
         S[e] = s;
     }

@@ -61,21 +61,22 @@ def skip_unless_runs_here(impl):
         pytest.skip(f"{impl} does not run on this GPU")
 
 
-def offset_of(causal, align, Sq, Skv):
-    return Skv - Sq if causal and align == "bottom_right" else 0
+def support_reason(impl, dtype, B, Hq, Hkv, Sq, Skv, D, causal=False, align="top_left", scale=None, window=None,
+                   softcap=None):
+    """Why rung ``impl`` refuses contiguous bshd operands of this problem (its own
+    supports(), on the problem attention() would build), or None."""
+    t = _dtypes.to_dtype(dtype)
+    qs, ks = (B, Sq, Hq, D), (B, Skv, Hkv, D)
+    masks = A.check_masks(window, softcap, causal, Sq + Skv)
+    offset = Skv - Sq if (causal or masks.windowed) and align == "bottom_right" else 0
+    p = A._problem(dtype, (B, Hq, Hkv, Sq, Skv, D), "bshd", [A._Fresh(qs, t), A._Fresh(ks, t), A._Fresh(ks, t)],
+                   A._Fresh(qs, t), None, 1 / math.sqrt(D) if scale is None else scale, causal, offset, masks)
+    return A._LAUNCHERS[impl].supports(impl, p)
 
 
 def supported(impl, dtype, B, Hq, Hkv, Sq, Skv, D, causal=False, align="top_left", scale=None):
-    """Whether rung ``impl`` accepts contiguous bshd operands of this problem (its own
-    supports(), on the problem attention() would build)."""
-    if impl == "auto":
-        return True
-    t = _dtypes.to_dtype(dtype)
-    qs, ks = (B, Sq, Hq, D), (B, Skv, Hkv, D)
-    p = A._problem(dtype, (B, Hq, Hkv, Sq, Skv, D), "bshd", [A._Fresh(qs, t), A._Fresh(ks, t), A._Fresh(ks, t)],
-                   A._Fresh(qs, t), None, 1 / math.sqrt(D) if scale is None else scale, causal,
-                   offset_of(causal, align, Sq, Skv))
-    return A._LAUNCHERS[impl].supports(impl, p) is None
+    """Whether rung ``impl`` accepts contiguous bshd operands of this problem."""
+    return impl == "auto" or support_reason(impl, dtype, B, Hq, Hkv, Sq, Skv, D, causal, align, scale) is None
 
 
 # ---------------------------------------------------------------------------- operands
@@ -155,25 +156,27 @@ def check_lse(lse, ref_lse, what):
 
 
 def run_case(impl, dtype, B, Sq, Skv, Hq, Hkv, D, causal=False, align="top_left", scale=None,
-             layout="bshd", view="contiguous", big=False, seed=0):
+             layout="bshd", view="contiguous", big=False, seed=0, window=None, softcap=None):
     """Check one call twice (plain, and out= poisoned + LSE); False when the rung refused the
-    problem (as its supports() says it may, e.g. for a misaligned view)."""
+    problem (as its supports() says it may, e.g. for a misaligned view). Rows that see no key
+    (those whose reference LSE is -inf: the mask is the same for every batch and head) must
+    be exactly zero."""
     cp = _cp()
     rng = np.random.default_rng(seed)
     q, k, v = make_qkv(rng, dtype, B, Sq, Skv, Hq, Hkv, D, big)
-    ref, ref_lse = reference.attention(q, k, v, causal=causal, causal_align=align, scale=scale, return_lse=True)
+    ref, ref_lse = reference.attention(q, k, v, causal=causal, causal_align=align, scale=scale, return_lse=True,
+                                       window=window, softcap=softcap)
     dq, dk, dv = (place(x, layout, view, cp) for x in (q, k, v))
-    kw = dict(causal=causal, causal_align=align, scale=scale, layout=layout, impl=impl)
+    kw = dict(causal=causal, causal_align=align, scale=scale, window=window, softcap=softcap, layout=layout, impl=impl)
     what = (f"{impl} {dtype} B={B} Sq={Sq} Skv={Skv} heads={Hq}/{Hkv} D={D} causal={causal} {align} "
-            f"scale={scale} {layout} {view} big={big}")
+            f"scale={scale} window={window} softcap={softcap} {layout} {view} big={big}")
     try:
         got = cupyops.attention(dq, dk, dv, **kw)
     except ValueError as exc:
         if impl != "auto" and str(exc).startswith(f"impl: {impl!r} cannot run this problem"):
             return False
         raise
-    off = offset_of(causal, align, Sq, Skv)
-    no_key = [i for i in range(Sq) if causal and i + off < 0] if Skv else list(range(Sq))
+    no_key = np.flatnonzero(np.isneginf(ref_lse).all(axis=(0, 1)))
     check_out(got, ref, dtype, layout, what, no_key)
     out = cp.full(to_layout(q, layout).shape, np.nan, dtype=q.dtype)
     res, lse = cupyops.attention(dq, dk, dv, return_lse=True, out=out, **kw)

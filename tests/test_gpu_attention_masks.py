@@ -8,7 +8,6 @@ output and LSE, into an ``out=`` poisoned with NaN. The cases mix q_len != kv_le
 alignments with and without a causal mask, windows that leave some rows no key (exact
 zeros, LSE -inf), one-sided and zero-width windows, large queries under a cap (a nearly
 one-hot softmax without one), and decode shapes. CuPy is imported inside the tests only."""
-import math
 
 import numpy as np
 import pytest
@@ -17,8 +16,8 @@ import cupyops
 from cupyops import _dtypes, reference
 from cupyops.ops import attention as A
 from gpu_helpers import _cp
-from test_gpu_attention import check_lse, check_out, make_qkv, rungs, skip_unless_runs_here
-from test_gpu_paged import build_cache
+from test_gpu_attention import check_lse, check_out, make_qkv, run_case, rungs, skip_unless_runs_here, support_reason
+from test_gpu_paged import run_paged
 
 pytestmark = pytest.mark.gpu
 
@@ -42,20 +41,11 @@ CASES = [
 MASKLESS = {"flash3"}  # rungs that refuse windows and caps (flash3: they slowed its unmasked kernel)
 
 
-def offset(causal, window, align, Sq, Skv):
-    masked = causal or window is not None
-    return Skv - Sq if masked and align == "bottom_right" else 0
-
-
 def reason(impl, dtype, case, masks):
     """The rung's supports() on the contiguous problem, with or without the case's masks."""
     B, Sq, Skv, Hq, Hkv, D, causal, align, window, softcap, _ = case
-    t = _dtypes.to_dtype(dtype)
-    qs, ks = (B, Sq, Hq, D), (B, Skv, Hkv, D)
-    m = A.check_masks(window, softcap, causal, Sq + Skv) if masks else A.NO_MASKS
-    p = A._problem(dtype, (B, Hq, Hkv, Sq, Skv, D), "bshd", [A._Fresh(qs, t), A._Fresh(ks, t), A._Fresh(ks, t)],
-                   A._Fresh(qs, t), None, 1 / math.sqrt(D), causal, offset(causal, window, align, Sq, Skv), m)
-    return A._LAUNCHERS[impl].supports(impl, p)
+    return support_reason(impl, dtype, B, Hq, Hkv, Sq, Skv, D, causal, align, window=window if masks else None,
+                          softcap=softcap if masks else None)
 
 
 @pytest.mark.parametrize("impl,dtype", rungs())
@@ -77,27 +67,9 @@ def test_windows_and_caps_against_the_reference(impl, dtype, case):
                                   impl=impl)
             return
         assert why is None, f"{impl} refuses the masks of a problem it runs: {why}"
-    run_masked(impl, dtype, case)
-
-
-def run_masked(impl, dtype, case):
-    """One case twice (plain, and into out= poisoned with NaN with the LSE) against the
-    reference; rows that see no key exactly zero."""
-    cp = _cp()
     B, Sq, Skv, Hq, Hkv, D, causal, align, window, softcap, big = case
-    q, k, v = make_qkv(np.random.default_rng(7), dtype, B, Sq, Skv, Hq, Hkv, D, big)
-    ref, ref_lse = reference.attention(q, k, v, causal=causal, causal_align=align, return_lse=True, window=window,
-                                       softcap=softcap)
-    what = f"{impl} {dtype} {case}"
-    kw = dict(causal=causal, causal_align=align, window=window, softcap=softcap, impl=impl)
-    dq, dk, dv = (cp.asarray(x) for x in (q, k, v))
-    empty = np.flatnonzero(np.isneginf(ref_lse).all(axis=(0, 1)))  # rows that see no key (the mask is per row)
-    check_out(cupyops.attention(dq, dk, dv, **kw), ref, dtype, "bshd", what, empty)
-    out = cp.full(q.shape, np.nan, dtype=q.dtype)
-    res, lse = cupyops.attention(dq, dk, dv, return_lse=True, out=out, **kw)
-    assert res is out
-    check_out(out, ref, dtype, "bshd", what + " out=", empty)
-    check_lse(lse, ref_lse, what)
+    assert run_case(impl, dtype, B, Sq, Skv, Hq, Hkv, D, causal=causal, align=align, big=big, seed=7, window=window,
+                    softcap=softcap)
 
 
 def test_repeated_calls_with_other_caps_and_windows_take_their_own_values():
@@ -153,22 +125,9 @@ def test_varlen_windows_and_caps(impl, dtype, case):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("P", [16, 128])
 @pytest.mark.parametrize("Sq,causal,window,softcap", [
-    (1, True, (255, None), None), (4, True, (100, 0), 30.0), (16, False, (7, 2), 10.0), (1, True, (None, None), 50.0),
-    (3, True, (0, 0), None), (5, False, (None, 1), None), (2, False, (40, 0), 20.0)])
+    (1, True, (255, None), None), (4, True, (100, 0), 1.0), (16, False, (7, 2), 0.5), (1, True, (None, None), 2.0),
+    (3, True, (0, 0), None), (5, False, (None, 1), None), (2, False, (40, 0), 1.5)])
 def test_paged_windows_and_caps(dtype, P, Sq, causal, window, softcap):
-    cp = _cp()
-    rng = np.random.default_rng(11)
-    lens = [Sq, 1000, 257, 1823, max(Sq, 40)]
-    Hq, Hkv, D = 8, 2, 128
-    kc, vc, table = build_cache(rng, dtype, lens, P, Hkv, D)
-    t = _dtypes.to_dtype(dtype)
-    q = (rng.standard_normal((len(lens), Sq, Hq, D)) * 4).astype(t)
-    ref, ref_lse = reference.attention_paged(q, kc, vc, table, np.array(lens, np.int32), causal=causal,
-                                             return_lse=True, window=window, softcap=softcap)
-    dq, dkc, dvc, dt_, dl = (cp.asarray(x) for x in (q, kc, vc, table, np.array(lens, np.int32)))
-    out = cp.full(q.shape, np.nan, dtype=t)
-    res, lse = cupyops.attention_paged(dq, dkc, dvc, dt_, dl, causal=causal, window=window, softcap=softcap,
-                                       return_lse=True, out=out)
-    assert res is out
-    check_out(res, ref, dtype, "bshd", f"paged P={P} Sq={Sq} window={window} softcap={softcap}")
-    check_lse(lse, ref_lse, f"paged P={P} Sq={Sq} window={window} softcap={softcap}")
+    # (caps near the scores' own size, about 1 here, so that they bend them)
+    run_paged(dtype, [Sq, 1000, 257, 1823, max(Sq, 40)], Sq, 8, 2, 128, P, causal=causal, seed=11, window=window,
+              softcap=softcap)

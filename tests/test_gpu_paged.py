@@ -106,27 +106,28 @@ def check_out(got, ref, dtype, what, no_key=None):
 
 
 def run_paged(dtype, lens, Sq, Hq, Hkv, D, P, causal=True, scale=None, cache_view="separate",
-              q_view="contiguous", extra_cols=0, seed=0):
+              q_view="contiguous", extra_cols=0, seed=0, window=None, softcap=None):
     """One case, twice: a plain call, and into a NaN-poisoned out= with the LSE."""
     cp = _cp()
     rng = np.random.default_rng(seed)
     kc, vc, table = build_cache(rng, dtype, lens, P, Hkv, D, extra_cols=extra_cols)
     q = rng.standard_normal((len(lens), Sq, Hq, D)).astype(_dtypes.to_dtype(dtype))
     lens = np.asarray(lens, I32)
-    ref, ref_lse = reference.attention_paged(q, kc, vc, table, lens, causal=causal, scale=scale, return_lse=True)
-    # rows that see no key: causal rows before the sequence's first token
-    no_key = np.zeros(q.shape[:2], bool)
-    if causal:
-        no_key = np.arange(Sq)[None, :] + lens[:, None] - Sq < 0
+    ref, ref_lse = reference.attention_paged(q, kc, vc, table, lens, causal=causal, scale=scale, return_lse=True,
+                                             window=window, softcap=softcap)
+    # [batch, q_len]: rows that see no key (causal rows before the sequence's first token,
+    # rows a window leaves none)
+    no_key = np.isneginf(ref_lse).all(axis=1)
     dq = place_q(q, q_view, cp)
     dk, dv = place_caches(kc, vc, cache_view, cp)
     dt, dl = cp.asarray(table), cp.asarray(lens)
     what = (f"{dtype} lens={lens.tolist()} Sq={Sq} heads={Hq}/{Hkv} D={D} P={P} causal={causal} scale={scale} "
-            f"{cache_view} q:{q_view} +{extra_cols} pages")
-    got = cupyops.attention_paged(dq, dk, dv, dt, dl, causal=causal, scale=scale)
+            f"window={window} softcap={softcap} {cache_view} q:{q_view} +{extra_cols} pages")
+    kw = dict(causal=causal, scale=scale, window=window, softcap=softcap)
+    got = cupyops.attention_paged(dq, dk, dv, dt, dl, **kw)
     check_out(got, ref, dtype, what, no_key)
     out = cp.full(q.shape, np.nan, q.dtype)
-    res, lse = cupyops.attention_paged(dq, dk, dv, dt, dl, causal=causal, scale=scale, out=out, return_lse=True)
+    res, lse = cupyops.attention_paged(dq, dk, dv, dt, dl, out=out, return_lse=True, **kw)
     assert res is out
     check_out(out, ref, dtype, what + " out=", no_key)
     check_lse(lse, ref_lse, what)
