@@ -8,7 +8,8 @@ path (a cache one element off a 16-byte boundary), one split and several (a long
 sequence beside a short one), page sizes 16 and 256, tables whose unused entries hold
 garbage, and lengths / table entries out of range (clamped, read as zeros);
 kv_cache_append with positions and pages out of range (skipped); merge_attention_states
-with -inf sides. Every result is checked against the float64 reference, so a run the
+with -inf sides; packed chunked prefill (cu_seqlens_q: the gather rung) with the same bad
+values. Every result is checked against the float64 reference, so a run the
 sanitizer passes is also a right one.
 """
 import cupy as cp
@@ -93,6 +94,26 @@ def main():
         assert reference.rel_error(mo, ro) <= reference.TOLERANCE["attention"][dtype], dtype
         assert np.array_equal(np.isneginf(ml.get()), np.isneginf(rl)), dtype
         n += 4
+        # packed chunked prefill (the gather rung): aligned and element-path caches, device
+        # lengths out of range and a bad entry in use (as above), a chunk longer than its
+        # sequence, a sequence with no new token
+        cu = np.array([0, 3, 3, 10], I32)
+        qp = rng.standard_normal((10, 4, 64)).astype(t)
+        lens = np.array([64, 0, 40], I32)
+        kc, vc, table = cache(rng, t, [40, 40, 40], 16, 2, 64)
+        table[2, 1] = -9
+        kz = np.concatenate([kc, np.zeros_like(kc[:1])])
+        vz = np.concatenate([vc, np.zeros_like(vc[:1])])
+        ref_table = table.copy()
+        ref_table[2, 1] = ref_table[0, 3] = kc.shape[0]
+        want = reference.attention_paged(qp, kz, vz, ref_table, lens, cu_seqlens_q=cu)
+        for aligned in (True, False):
+            dk, dv = (cp.asarray(x) if aligned else offset_copy(x) for x in (kc, vc))
+            got = cupyops.attention_paged(cp.asarray(qp), dk, dv, cp.asarray(table),
+                                          cp.asarray(np.array([10**9, -4, 40], I32)), cu_seqlens_q=cp.asarray(cu),
+                                          max_seqlen_q=7)
+            check(got, want, dtype, f"{dtype} packed prefill aligned {aligned}")
+            n += 1
     cp.cuda.Device().synchronize()
     print(f"sanitize_paged: {n} cases checked")
 

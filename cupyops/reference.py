@@ -261,13 +261,27 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, causal_a
 
 
 def attention_paged(q, k_cache, v_cache, block_table, seq_lens, causal=True, scale=None, return_lse=False,
-                    window=None, softcap=None):
+                    window=None, softcap=None, cu_seqlens_q=None):
     """cupyops.attention_paged in float64: each sequence's pages gathered into contiguous K/V
     (paged_kv) and attended to by its q_len rows, the sequence's last tokens (bottom-right
     causal). Returns out [batch, q_len, q_heads, head_dim] or (out, lse [batch, q_heads,
-    q_len])."""
+    q_len]); with ``cu_seqlens_q`` (q packed [total_q, q_heads, head_dim]) as
+    attention_varlen: out [total_q, ...], lse [q_heads, total_q], rows outside every
+    sequence zeros (LSE -inf)."""
     q = _f64(q)
     lens = _host(seq_lens)
+    if cu_seqlens_q is not None:
+        cq = _host(cu_seqlens_q).astype(np.int64)
+        out = np.zeros(q.shape)
+        lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+        for b in range(len(cq) - 1):
+            if cq[b + 1] == cq[b]:
+                continue
+            k, v = paged_kv(k_cache, v_cache, block_table, lens[b], b)
+            o, l_b = attention(q[cq[b]:cq[b + 1]][None], k[None], v[None], causal=causal, causal_align="bottom_right",
+                               scale=scale, return_lse=True, window=window, softcap=softcap)
+            out[cq[b]:cq[b + 1]], lse[:, cq[b]:cq[b + 1]] = o[0], l_b[0]
+        return (out, lse) if return_lse else out
     outs, lses = [], []
     for b in range(q.shape[0]):
         k, v = paged_kv(k_cache, v_cache, block_table, lens[b], b)

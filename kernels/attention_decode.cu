@@ -1064,3 +1064,77 @@ __global__ void __launch_bounds__(decode::THREADS)
         }
     }
 }
+
+// ------------------------------------------------------------------------ kv_cache_gather
+// The other direction, for attention_paged's packed chunked prefill: every sequence's keys
+// and values copied out of their pages into packed [rows, H, D] arrays (C-contiguous),
+// sequence b at rows cu_k[b] .. cu_k[b] + L_b - 1, L_b = seq_lens[b] clamped to [0, max_pages
+// * page_size] (its pages in order, as the paged kernel reads them), and the offsets cu_k
+// [B + 1] written too (cu_k[0] = 0, cu_k[b + 1] = cu_k[b] + L_b): the input of
+// attention_varlen, with nothing read on the host. A key whose page entry is outside [0,
+// num_pages) is copied as zeros (as the paged kernel reads it). The `tail` rows after the
+// last sequence are written as zeros: attention reads a key tile past a sequence's end
+// (masked scores, but a zero weight times a NaN left in the buffer is NaN). Grid (blocks of
+// THREADS 16-byte chunks over max_pages * page_size + tail rows x H x CH chunks, B): block
+// (x, b) sums the clamped lengths of the sequences before b (B small: a few loads a thread)
+// for its rows' offset; the blocks past L_b (the last sequence: L_b + tail) return.
+// `rows`: the packed arrays' rows (the launcher's bound on the sum); a row past it is not
+// written.
+template <typename T>
+__global__ void __launch_bounds__(decode::THREADS)
+    kv_cache_gather(const T* __restrict__ Kc, const T* __restrict__ Vc, T* __restrict__ Ko, T* __restrict__ Vo,
+                    int* __restrict__ cu_k, const int* __restrict__ block_table, const int* __restrict__ seq_lens,
+                    int H, int D, i64 rows, i64 kc_sp, i64 kc_ss, i64 kc_sh, i64 vc_sp, i64 vc_ss, i64 vc_sh,
+                    i64 bt_sb, int page_shift, int num_pages, int max_pages, int tail) {
+    constexpr int VEC = Vec<T>::N;
+    const int CH = (D + VEC - 1) / VEC;
+    const int b = blockIdx.y;
+    const i64 cap = (i64)max_pages << page_shift;
+    const i64 len = min(max((i64)seq_lens[b], (i64)0), cap);
+    const i64 span = b == (int)gridDim.y - 1 ? len + tail : len;  // rows this sequence's blocks write
+    const i64 first = (i64)blockIdx.x * decode::THREADS;  // this block's first chunk of the sequence
+    if (blockIdx.x != 0 && first >= span * H * CH) return;  // (block 0 of each sequence writes its offset)
+
+    // the rows before sequence b: its offset in the packed arrays
+    __shared__ i64 warp_sums[decode::NW];
+    i64 before = 0;
+    for (int p = threadIdx.x; p < b; p += decode::THREADS) before += min(max((i64)seq_lens[p], (i64)0), cap);
+    before = warp_reduce<SumOp>(before);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = before;
+    __syncthreads();
+    before = 0;
+#pragma unroll
+    for (int w = 0; w < decode::NW; ++w) before += warp_sums[w];
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        if (b == 0) cu_k[0] = 0;
+        cu_k[b + 1] = (int)min(before + len, rows);
+    }
+
+    const i64 idx = first + threadIdx.x;
+    if (idx >= span * H * CH) return;
+    const i64 r = idx / CH;
+    const int c = (int)(idx - r * CH);
+    const int h = (int)(r % H);
+    const i64 j = r / H;  // the key's position in its sequence (past len: the tail)
+    if (before + j >= rows) return;
+    const int page = j < len ? block_table[b * bt_sb + (j >> page_shift)] : -1;
+    const i64 slot = j & ((1 << page_shift) - 1);
+    T* kd = Ko + ((before + j) * H + h) * D + c * VEC;
+    T* vd = Vo + ((before + j) * H + h) * D + c * VEC;
+    const bool valid = (unsigned)page < (unsigned)num_pages;
+    const T* ks = Kc + (valid ? page * kc_sp + slot * kc_ss + h * kc_sh + c * VEC : 0);
+    const T* vs = Vc + (valid ? page * vc_sp + slot * vc_ss + h * vc_sh + c * VEC : 0);
+    const bool vec = ((reinterpret_cast<unsigned long long>(Kc) | reinterpret_cast<unsigned long long>(Vc) |
+                       reinterpret_cast<unsigned long long>(Ko) | reinterpret_cast<unsigned long long>(Vo)) & 15ull) == 0 &&
+                     (kc_sp | kc_ss | kc_sh | vc_sp | vc_ss | vc_sh) % VEC == 0 && D % VEC == 0;
+    if (vec) {
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(kd) = valid ? __ldg(reinterpret_cast<const uint4*>(ks)) : zero;
+        *reinterpret_cast<uint4*>(vd) = valid ? __ldg(reinterpret_cast<const uint4*>(vs)) : zero;
+    } else {
+        for (int e = 0; e < VEC && c * VEC + e < D; ++e) {
+            kd[e] = valid ? ks[e] : from_f32<T>(0.f);
+            vd[e] = valid ? vs[e] : from_f32<T>(0.f);
+        }
+    }
+}

@@ -40,7 +40,7 @@ Q, KC, VC, TABLE, LENS = case()
     (lambda: cupyops.attention_paged(Q.astype(np.int32), KC, VC, TABLE, LENS), TypeError, r"^q: dtype int32"),
     (lambda: cupyops.attention_paged(Q[0], KC, VC, TABLE, LENS), ValueError, r"^q: expected a 4-D array"),
     (lambda: cupyops.attention_paged(case(Sq=17)[0], KC, VC, TABLE, LENS), ValueError,
-     r"^q: q_len \(axis 1\) must be in 1..16 \(decode\), got 17; packed chunked prefill"),
+     r"^q: q_len \(axis 1\) must be in 1..16 \(decode\), got 17; for longer chunks pass q packed"),
     (lambda: cupyops.attention_paged(Q, KC.astype(np.float32), VC, TABLE, LENS), TypeError,
      r"^k_cache: dtype float32 does not match q's float16"),
     (lambda: cupyops.attention_paged(Q, KC, VC[:, :, :1], TABLE, LENS), ValueError,
@@ -79,7 +79,11 @@ Q, KC, VC, TABLE, LENS = case()
     (lambda: cupyops.attention_paged(Q, KC, VC, TABLE, LENS, return_lse=None), TypeError,
      r"^return_lse: expected a bool"),
     (lambda: cupyops.attention_paged(Q, KC, VC, TABLE, LENS, impl="flash"), ValueError,
-     r"^impl: unknown variant 'flash' for attention_paged; expected one of auto, decode"),
+     r"^impl: unknown variant 'flash' for attention_paged; expected one of auto, decode, gather"),
+    (lambda: cupyops.attention_paged(Q, KC, VC, TABLE, LENS, impl="gather"), ValueError,
+     r"^impl: 'gather' runs packed chunked prefill: give cu_seqlens_q"),
+    (lambda: cupyops.attention_paged(Q, KC, VC, TABLE, LENS, max_seqlen_q=1), ValueError,
+     r"^max_seqlen_q: only with cu_seqlens_q"),
     (lambda: cupyops.attention_paged(Q, KC, VC, TABLE, LENS, out=np.empty((2, 1, 4, 9), F16)), ValueError,
      r"^out: expected shape"),
     (lambda: cupyops.attention_paged(Q, KC, VC, TABLE, LENS, out=np.empty(Q.shape, np.float32)), TypeError,
@@ -130,6 +134,46 @@ def test_mixed_residence_is_refused():
 
     with pytest.raises(TypeError, match=r"^block_table: must live where the caches do"):
         cupyops.attention_paged(Q, KC, VC, FakeCupy(), LENS)
+
+
+# ------------------------------------------------------------------ packed chunked prefill errors
+PQ = np.random.default_rng(1).standard_normal((5, 4, 8)).astype(F16)  # 5 packed query rows
+CUQ = np.array([0, 3, 5], I32)
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: cupyops.attention_paged(Q, KC, VC, TABLE, LENS, cu_seqlens_q=CUQ), ValueError,
+     r"^q: with cu_seqlens_q, q is packed \[total_q, q_heads, head_dim\], got shape \(2, 1, 4, 8\)"),
+    (lambda: cupyops.attention_paged(PQ, KC, VC, TABLE, LENS, cu_seqlens_q=CUQ.astype(np.int64)), TypeError,
+     r"^cu_seqlens_q: expected int32 offsets, got int64"),
+    (lambda: cupyops.attention_paged(PQ, KC, VC, TABLE, LENS, cu_seqlens_q=CUQ[:2]), ValueError,
+     r"^block_table: expected 1 rows \(cu_seqlens_q's batch\)"),
+    (lambda: cupyops.attention_paged(PQ, KC, VC, TABLE, LENS[:1], cu_seqlens_q=CUQ), ValueError,
+     r"^seq_lens: expected shape \(2,\) \(cu_seqlens_q's batch\)"),
+    (lambda: cupyops.attention_paged(PQ, KC, VC, TABLE, LENS, cu_seqlens_q=np.array([0, 4, 3], I32)), ValueError,
+     r"^cu_seqlens_q: offsets must not decrease, got 4 then 3 at index 2"),
+    (lambda: cupyops.attention_paged(PQ, KC, VC, TABLE, LENS, cu_seqlens_q=np.array([0, 3, 6], I32)), ValueError,
+     r"^cu_seqlens_q: the last offset 6 is past the 5 packed tokens"),
+    (lambda: cupyops.attention_paged(PQ, KC, VC, TABLE, LENS, cu_seqlens_q=CUQ, max_seqlen_q=2), ValueError,
+     r"^max_seqlen_q: 2 is less than the longest sequence \(3\)"),
+    (lambda: cupyops.attention_paged(PQ, KC, VC, TABLE, LENS, cu_seqlens_q=CUQ, max_seqlen_q=6), ValueError,
+     r"^max_seqlen_q: must be in 0..5"),
+    (lambda: cupyops.attention_paged(PQ, KC, VC, TABLE, LENS, cu_seqlens_q=CUQ, impl="decode"), ValueError,
+     r"^impl: 'decode' takes q \[batch, q_len, q_heads, head_dim\] without cu_seqlens_q"),
+    (lambda: cupyops.attention_paged(PQ, KC, VC, TABLE, np.array([49, 1], I32), cu_seqlens_q=CUQ), ValueError,
+     r"^seq_lens: seq_lens\[0\] = 49 is outside 0..48"),
+    (lambda: cupyops.attention_paged(PQ, KC, VC, TABLE, LENS, cu_seqlens_q=CUQ, window=(1, 2, 3)), TypeError,
+     r"^window: expected \(left, right\) or None"),
+    (lambda: cupyops.attention_paged(PQ, KC, VC, TABLE, LENS, cu_seqlens_q=CUQ, scale=float("inf")), ValueError,
+     r"^scale: must be finite"),
+    (lambda: cupyops.attention_paged(PQ, KC, VC, TABLE, LENS, cu_seqlens_q=CUQ, out=np.empty((5, 4, 9), F16)),
+     ValueError, r"^out: expected shape"),
+    (lambda: cupyops.attention_paged(PQ, KC.astype(np.float32), VC, TABLE, LENS, cu_seqlens_q=CUQ), TypeError,
+     r"^k_cache: dtype float32 does not match q's float16"),
+])
+def test_paged_prefill_argument_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
 
 
 # ------------------------------------------------------------------ kv_cache_append errors
@@ -213,7 +257,7 @@ def test_registered_out_of_the_ladders():
     for op in cupyops.ops.PAGED_OPS:
         assert [kf.filename for kf in cupyops.ops.kernel_files(op)] == ["attention_decode.cu"]
         assert cupyops.variants(op) and getattr(cupyops, op) is not None
-    assert list(cupyops.variants("attention_paged")) == ["decode"]
+    assert list(cupyops.variants("attention_paged")) == ["decode", "gather"]
 
 
 def test_every_paged_instantiation_is_named():
@@ -221,6 +265,7 @@ def test_every_paged_instantiation_is_named():
     for dtype in _dtypes.FLOAT_TYPES:
         t = _dtypes.cuda_type(dtype)
         assert f"attention_merge_states<{t}>" in names and f"kv_cache_append<{t}>" in names
+        assert f"kv_cache_gather<{t}>" in names
         for dt in M.DT_TIERS:
             assert (f"attention_decode_paged<{t}, {dt}, 16, {M.STAGES[dt]}>" in names) == (dtype in M.PAGED_DTYPES)
 
@@ -311,6 +356,27 @@ def test_paged_reference_equals_the_contiguous_one():
         np.testing.assert_allclose(out[b:b + 1], want, rtol=1e-12, atol=1e-12)
         np.testing.assert_array_equal(np.isneginf(lse[b:b + 1]), np.isneginf(want_lse))
     assert np.isneginf(lse[1, :, :2]).all() and not out[1, :2].any()  # length 1: two rows see nothing
+
+
+def test_packed_paged_reference_equals_the_decode_one():
+    # packed rows of each sequence's last tokens = the decode form's rows, sequence by
+    # sequence; rows outside every sequence (the last one here) are zeros with LSE -inf
+    rng = np.random.default_rng(4)
+    B, S, Hq, Hkv, D, P = 3, 70, 4, 2, 8, 16
+    k, v = rng.standard_normal((2, B, S, Hkv, D))
+    lens = np.array([70, 1, 33], I32)
+    kc, vc, table = _paged_copy(rng, k, v, P, lens)
+    cu = np.array([0, 5, 8, 8], I32)
+    q = rng.standard_normal((9, Hq, D))
+    out, lse = reference.attention_paged(q, kc, vc, table, lens, return_lse=True, cu_seqlens_q=cu, window=(20, 0))
+    assert out.shape == q.shape and lse.shape == (Hq, 9)
+    for b in range(2):
+        qb = q[cu[b]:cu[b + 1]][None]
+        want, want_lse = reference.attention_paged(qb, kc, vc, table[b:b + 1], lens[b:b + 1], return_lse=True,
+                                                   window=(20, 0))
+        np.testing.assert_allclose(out[cu[b]:cu[b + 1]], want[0], rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(lse[:, cu[b]:cu[b + 1]], want_lse[0])
+    assert not out[8].any() and np.isneginf(lse[:, 8]).all()
 
 
 def test_append_reference_then_paged_equals_contiguous():

@@ -98,6 +98,10 @@ def _append_name(dtype):
     return template_name("kv_cache_append", _dtypes.cuda_type(dtype))
 
 
+def _gather_name(dtype):
+    return template_name("kv_cache_gather", _dtypes.cuda_type(dtype))
+
+
 def _expressions():
     names = []
     for dtype in DTYPES["decode"]:
@@ -108,7 +112,7 @@ def _expressions():
     for dtype in DTYPES["decode"]:
         if dtype in PAGED_DTYPES:
             names += [_paged_name(dtype, dt, MMA_ROW_TILE) for dt in DT_TIERS]
-        names += [_merge_states_name(dtype), _append_name(dtype)]
+        names += [_merge_states_name(dtype), _append_name(dtype), _gather_name(dtype)]
     return names
 
 
@@ -477,6 +481,30 @@ def append_launches(dtype, k_cache, v_cache, k, v, block_table, positions, dims,
     args = (k_cache, v_cache, k, v, block_table, positions, i32(B), i32(N), i32(H), i32(D),
             *(i64(s) for s in strides), i32(page_shift), i32(num_pages), i32(max_pages))
     return [(KERNELS.function(_append_name(dtype)), grid, (THREADS, 1, 1), 0, args)], ()
+
+
+MAX_GATHER_SEQUENCES = 65535  # kv_cache_gather's grid y: one sequence a row of blocks
+# Rows written as zeros after the last gathered sequence: attention_varlen's flash3 reads up
+# to a key tile (at most 192 keys) past a sequence's end, masked, but V's rows there still
+# meet a zero weight, and 0 * NaN is NaN.
+GATHER_TAIL_ROWS = 256
+
+
+def gather_launches(dtype, k_cache, v_cache, k_out, v_out, cu_k, block_table, seq_lens, dims, strides, page_shift):
+    """kv_cache_gather's launch (attention_paged's packed prefill): ``dims`` (B, Hkv, D,
+    rows, num_pages, max_pages) with ``rows`` those of k_out / v_out ([rows, Hkv, D],
+    C-contiguous), ``strides`` the caches' (page, slot, head) element strides and the
+    table's row stride."""
+    B, H, D, rows, num_pages, max_pages = dims
+    i32, i64 = np.int32, np.int64
+    chunks = ((max_pages << page_shift) + GATHER_TAIL_ROWS) * H * _launch.cdiv(D, 16 // _dtypes.itemsize(dtype))
+    grid = (max(1, _launch.cdiv(chunks, THREADS)), B, 1)
+    if grid[0] > _MAX_GRID_X:
+        raise ValueError(f"block_table: {max_pages} pages of {1 << page_shift} keys, {H} heads of {D} exceed the "
+                         f"grid limit ({grid[0]} blocks a sequence)")
+    args = (k_cache, v_cache, k_out, v_out, cu_k, block_table, seq_lens, i32(H), i32(D), i64(rows),
+            *(i64(s) for s in strides), i32(page_shift), i32(num_pages), i32(max_pages), i32(GATHER_TAIL_ROWS))
+    return [(KERNELS.function(_gather_name(dtype)), grid, (THREADS, 1, 1), 0, args)], ()
 
 
 def merge_states_lse_offset(rows, D, itemsize):

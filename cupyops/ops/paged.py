@@ -23,9 +23,9 @@ import numpy as np
 
 from .._interop import foreign_arrays
 from .. import _arrays, _dtypes, _fast
-from . import _attention_decode
+from . import _attention_decode, varlen
 from ._attention_problem import MAX_HEAD_DIM, AttentionProblem
-from .attention import _flag, _needs_copy, _scale, _strides, addressable, check_masks, lead_strides
+from .attention import _flag, _needs_copy, _scale, _strides, addressable, check_masks, check_options, lead_strides
 
 _PAGED = ", ".join(_attention_decode.PAGED_DTYPES)
 _ALL = ", ".join(_dtypes.FLOAT_TYPES)
@@ -34,6 +34,9 @@ VARIANTS = {
         "decode": f"[{_PAGED}] the decode rung's split-KV kernel (cp.async ring, mma.sync, splits merged "
                   "through their LSE) reading K/V through the block table: a page lookup per 16 keys, a tile "
                   "ahead; q_len 1..16",
+        "gather": f"[{_ALL}] packed chunked prefill (cu_seqlens_q): each sequence's pages copied into packed K/V "
+                  "(one kernel, offsets computed on the GPU), then attention_varlen's auto rung (flash3 in one "
+                  "launch on sm_90)",
     },
     "kv_cache_append": {
         "scatter": f"[{_ALL}] one thread a 16-byte chunk of a new token's row, to its page and slot",
@@ -63,7 +66,8 @@ def _fast_spec_append(sig, k_cache, v_cache, k, v, block_table, positions):
 # attention_paged's: the five arrays' layouts and the options, for calls with no out= or LSE;
 # merge_attention_states's: the four arrays' layouts
 _FAST = {"attention_paged": _fast.FastCalls(_fast.Declared(
-             arrays=("q", "k_cache", "v_cache", "block_table", "seq_lens"), fixed=("return_lse", "out", "window"),
+             arrays=("q", "k_cache", "v_cache", "block_table", "seq_lens"),
+             fixed=("cu_seqlens_q", "max_seqlen_q", "return_lse", "out", "window"),
              options={"causal": bool, "scale": (type(None), float), "softcap": (type(None), float), "impl": str})),
          "kv_cache_append": _fast.FastCalls(_fast_spec_append),
          "merge_attention_states": _fast.FastCalls(_fast.Declared(arrays=("o_a", "lse_a", "o_b", "lse_b")))}
@@ -71,10 +75,11 @@ _FAST = {"attention_paged": _fast.FastCalls(_fast.Declared(
 
 # ------------------------------------------------------------------ attention_paged
 @foreign_arrays(fast=_FAST["attention_paged"])
-def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, causal=True, scale=None, window=None,
-                    softcap=None, return_lse=False, out=None, impl="auto"):
-    """Decode attention over a paged KV cache: for each sequence b, its q_len newest tokens
-    attend to its first ``seq_lens[b]`` cached keys.
+def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=None, max_seqlen_q=None, causal=True,
+                    scale=None, window=None, softcap=None, return_lse=False, out=None, impl="auto"):
+    """Attention over a paged KV cache: for each sequence b, its newest tokens attend to its
+    first ``seq_lens[b]`` cached keys. Decode (q_len 1..16 tokens a sequence, q
+    ``[batch, q_len, ...]``), or packed chunked prefill (``cu_seqlens_q``, below).
 
     q: [batch, q_len, q_heads, head_dim], q_len 1..16: the LAST q_len tokens of each
     sequence (their keys and values already in the cache, e.g. by ``kv_cache_append``).
@@ -109,7 +114,27 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, causal=True, 
     of zeros (keys scoring 0, zero values); nothing is read out of bounds. NumPy
     block_table / seq_lens (a host call) are checked and raise ValueError instead.
 
-    Not there yet: packed chunked prefill (``cu_seqlens_q``)."""
+    Packed chunked prefill: with ``cu_seqlens_q`` (int32 [batch + 1], non-decreasing, where
+    q lives or on the host), q is ``[total_q, q_heads, head_dim]`` and sequence b's query
+    rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` are its LAST tokens (their keys already
+    in the cache), with the masks above (bottom-right causal: FlashInfer's and vLLM's chunked
+    prefill). Returns the output (q's shape) or (output, lse [q_heads, total_q]), as
+    ``attention_varlen``; query rows outside every sequence are zeros in a new output and
+    left unwritten in ``out=``. The ``gather`` rung copies each sequence's pages into
+    packed K/V arrays, then runs ``attention_varlen``'s auto rung: a copy of the keys and
+    values the call reads (memory: ``batch * max_pages * page_size`` rows of K and of V
+    where seq_lens is on the GPU, the lengths' sum where it is a NumPy array, and 256
+    more), small beside the prefill's arithmetic. ``max_seqlen_q``: the longest query chunk; given, with
+    GPU-resident offsets, nothing is read on the host (else the offsets are read and
+    checked, a synchronisation). float16, bfloat16 and float32."""
+    if cu_seqlens_q is not None:
+        return _paged_prefill(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, causal, scale,
+                              window, softcap, return_lse, out, impl)
+    if max_seqlen_q is not None:
+        raise ValueError("max_seqlen_q: only with cu_seqlens_q (packed chunked prefill)")
+    if impl == "gather":
+        raise ValueError("impl: 'gather' runs packed chunked prefill: give cu_seqlens_q (and q [total_q, q_heads, "
+                         "head_dim])")
     q = _arrays.as_input(q, "q")
     dt = _arrays.check_dtype(q, "q", _dtypes.FLOAT_TYPES)
     if dt not in _attention_decode.PAGED_DTYPES:
@@ -118,13 +143,9 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, causal=True, 
     B, Sq, Hq, D = q.shape
     k_cache, v_cache, num_pages, P, Hkv = _caches(k_cache, v_cache, q, "q", D)
     if not 1 <= Sq <= MAX_Q_LEN:
-        raise ValueError(f"q: q_len (axis 1) must be in 1..{MAX_Q_LEN} (decode), got {Sq}; packed chunked "
-                         "prefill (cu_seqlens_q) is not there yet")
-    if not 1 <= D <= MAX_HEAD_DIM:
-        raise ValueError(f"q: head_dim must be in 1..{MAX_HEAD_DIM}, got {D} (shape {tuple(q.shape)})")
-    if Hq % Hkv:
-        raise ValueError(f"k_cache: kv_heads ({Hkv}) must divide q_heads ({Hq}): each kv head serves "
-                         "q_heads // kv_heads query heads")
+        raise ValueError(f"q: q_len (axis 1) must be in 1..{MAX_Q_LEN} (decode), got {Sq}; for longer chunks "
+                         "pass q packed [total_q, q_heads, head_dim] with cu_seqlens_q")
+    _check_heads(q, D, Hq, Hkv)
     block_table, seq_lens = _per_sequence(block_table, seq_lens, "seq_lens", q, "q", B)
     max_pages = block_table.shape[1]
     capacity = _capacity(max_pages, P)
@@ -170,6 +191,85 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, causal=True, 
     if not return_lse:
         return result
     return result, _arrays.finish(lse, None, call)
+
+
+def _check_heads(q, D, Hq, Hkv):
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"q: head_dim must be in 1..{MAX_HEAD_DIM}, got {D} (shape {tuple(q.shape)})")
+    if Hq % Hkv:
+        raise ValueError(f"k_cache: kv_heads ({Hkv}) must divide q_heads ({Hq}): each kv head serves "
+                         "q_heads // kv_heads query heads")
+
+
+def _paged_prefill(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, causal, scale, window,
+                   softcap, return_lse, out, impl):
+    """attention_paged with cu_seqlens_q (the ``gather`` rung; see attention_paged): every
+    argument checked first, then the pages gathered and attention_varlen run."""
+    q = _arrays.as_input(q, "q")
+    dt = _arrays.check_dtype(q, "q", _dtypes.FLOAT_TYPES)
+    if q.ndim != 3:
+        raise ValueError(f"q: with cu_seqlens_q, q is packed [total_q, q_heads, head_dim], got shape {tuple(q.shape)}")
+    total_q, Hq, D = q.shape
+    k_cache, v_cache, num_pages, P, Hkv = _caches(k_cache, v_cache, q, "q", D)
+    _check_heads(q, D, Hq, Hkv)
+    cu_q = varlen.check_offsets(cu_seqlens_q, "cu_seqlens_q", q)
+    B = cu_q.shape[0] - 1
+    if B > _attention_decode.MAX_GATHER_SEQUENCES:
+        raise ValueError(f"cu_seqlens_q: at most {_attention_decode.MAX_GATHER_SEQUENCES} sequences, got {B}")
+    block_table, seq_lens = _per_sequence(block_table, seq_lens, "seq_lens", q, "cu_seqlens_q", B)
+    max_pages = block_table.shape[1]
+    capacity = _capacity(max_pages, P)
+    max_q = varlen.check_max_len(max_seqlen_q, "max_seqlen_q", total_q)
+    causal, scale, return_lse = check_options(causal, "bottom_right", scale, return_lse, D)
+    check_masks(window, softcap, causal, total_q + capacity)
+    _arrays.check_impl(impl, VARIANTS["attention_paged"], "attention_paged")
+    if impl not in ("auto", "gather"):
+        raise ValueError(f"impl: {impl!r} takes q [batch, q_len, q_heads, head_dim] without cu_seqlens_q; packed "
+                         "chunked prefill runs 'gather'")
+    out = _arrays.check_out(out, q, q.shape, q.dtype)
+    _arrays.check_no_overlap("out", out, [("k_cache", k_cache), ("v_cache", v_cache),
+                                          ("block_table", block_table), ("seq_lens", seq_lens)])
+    host = not _arrays.is_cupy(q)
+    if not _arrays.is_cupy(cu_q):  # (host offsets: checked here, before anything runs)
+        varlen.host_offsets(cu_q, "cu_seqlens_q", total_q, max_q, "max_seqlen_q")
+    if host:
+        _check_host_pages(block_table, seq_lens, None, P, num_pages, "seq_lens")
+        lens = seq_lens.astype(np.int64)
+        cu_k = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)  # (the kernel's, known here)
+        rows, max_k = int(cu_k[-1]), int(lens.max(initial=0))
+    else:  # the lengths stay on the GPU: room for every sequence at the table's capacity
+        rows, cu_k, max_k = B * capacity, None, capacity if B else 0
+    rows += _attention_decode.GATHER_TAIL_ROWS  # (zeros after the last sequence, written by the gather)
+    if rows > _INT32_MAX:
+        raise ValueError(f"block_table: {B} sequences of up to {capacity} keys exceed {_INT32_MAX} gathered rows; "
+                         "pass the columns in use (block_table[:, :pages]) or NumPy seq_lens")
+
+    call = _arrays.HostCall() if host else None
+    cp = _arrays.cupy_module()
+    kp = cp.empty((rows, Hkv, D), k_cache.dtype)
+    vp = cp.empty((rows, Hkv, D), k_cache.dtype)
+    cu_kd = cp.zeros((B + 1,), np.int32)
+    if B:
+        kc, vc, btd, sld = ((_arrays.to_device(x, call) for x in (k_cache, v_cache, block_table, seq_lens)) if host
+                            else (k_cache, v_cache, addressable(block_table), addressable(seq_lens)))
+        strides = (*_strides(kc, "bshd"), *_strides(vc, "bshd"), btd.strides[0] // 4 if max_pages and B > 1 else 0)
+        _fast.launch_checked(*_attention_decode.gather_launches(
+            dt, kc, vc, kp, vp, cu_kd, btd, sld, (B, Hkv, D, rows, num_pages, max_pages), strides, P.bit_length() - 1))
+    # host: q (and out=, whose rows outside every sequence stay as they are) to the device,
+    # the offsets as NumPy arrays (attention_varlen reads them there), the result brought
+    # back below; device: the caller's out= written in place
+    if host:
+        yd = _arrays.to_device(out, call) if out is not None else None
+    else:
+        yd = out
+    r = varlen.attention_varlen(_arrays.to_device(q, call) if host else q, kp, vp, cu_q, cu_k if host else cu_kd,
+                                max_seqlen_q=max_q, max_seqlen_k=max_k, causal=causal, causal_align="bottom_right",
+                                scale=scale, window=window, softcap=softcap, return_lse=return_lse, out=yd)
+    if not host:
+        return r
+    y, lse = r if return_lse else (r, None)
+    result = _arrays.finish(y, out, call)
+    return (result, _arrays.finish(lse, None, call)) if return_lse else result
 
 
 def _problem(dt, dims, qkv, o, lse, scale, causal, masks):

@@ -65,7 +65,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     docstring: giving them, with the offsets on the GPU, spares a host read). Returns the
     output (q's shape and dtype), or (output, lse) with ``return_lse``: lse float32
     ``[q_heads, total_q]``, the natural-log log-sum-exp of each row's scaled scores.
-    Query rows outside every sequence are left unwritten (zeros for a new output)."""
+    Query rows outside every sequence are left unwritten (zeros for a new output). flash3
+    reads up to a key tile (192 rows) of k and v past a sequence's end, masked: rows there
+    that lie inside the tensors but after the last sequence must hold finite values (a NaN
+    in v reaches the output through its zero weight)."""
     q, k, v, dt = operands(q, k, v)
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
         _arrays.check_ndim(x, name, ndim=3)
@@ -74,13 +77,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     check_heads(q, k, v, D, Dk, Hq, Hkv)
     if max(total_q, total_k) > _INT32_MAX:
         raise ValueError(f"q: at most {_INT32_MAX} packed tokens, got {max(total_q, total_k)}")
-    cu_q = _offsets(cu_seqlens_q, "cu_seqlens_q", q)
-    cu_k = _offsets(cu_seqlens_k, "cu_seqlens_k", q)
+    cu_q = check_offsets(cu_seqlens_q, "cu_seqlens_q", q)
+    cu_k = check_offsets(cu_seqlens_k, "cu_seqlens_k", q)
     if cu_k.shape != cu_q.shape:
         raise ValueError(f"cu_seqlens_k: {cu_k.shape[0] - 1} sequences, cu_seqlens_q has {cu_q.shape[0] - 1}")
     batch = cu_q.shape[0] - 1
-    max_q = _max_len(max_seqlen_q, "max_seqlen_q", total_q)
-    max_k = _max_len(max_seqlen_k, "max_seqlen_k", total_k)
+    max_q = check_max_len(max_seqlen_q, "max_seqlen_q", total_q)
+    max_k = check_max_len(max_seqlen_k, "max_seqlen_k", total_k)
     causal, scale, return_lse = check_options(causal, causal_align, scale, return_lse, D)
     masks = check_masks(window, softcap, causal, total_q + total_k)
     _arrays.check_impl(impl, VARIANTS["attention_varlen"], "attention_varlen")
@@ -137,7 +140,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
 
 
 # ------------------------------------------------------------------------- checking
-def _offsets(x, name, q):
+def check_offsets(x, name, q):
     """An int32 1-D offsets array of at least one entry, living where q does or on the host
     (NumPy, or a list)."""
     if not _arrays.is_cupy(x):
@@ -151,7 +154,7 @@ def _offsets(x, name, q):
     return x
 
 
-def _max_len(value, name, total):
+def check_max_len(value, name, total):
     if value is None:
         return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
@@ -163,26 +166,30 @@ def _max_len(value, name, total):
 
 
 def _host_offsets(cu_q, cu_k, total_q, total_k, max_q, max_k):
-    """(offsets of q, of k, as NumPy int64; the longest query and key sequences), checked:
-    non-decreasing, from 0 or more, within the packed tokens, and no longer than a given
-    longest length. (Reads GPU offsets back: a synchronisation.)"""
-    found = []
-    for x, name, total, given, what in ((cu_q, "cu_seqlens_q", total_q, max_q, "max_seqlen_q"),
-                                        (cu_k, "cu_seqlens_k", total_k, max_k, "max_seqlen_k")):
-        h = (x.get() if _arrays.is_cupy(x) else x).astype(np.int64)
-        if h[0] < 0:
-            raise ValueError(f"{name}: offsets must be >= 0, got {h[0]} at index 0")
-        steps = np.diff(h)
-        if (steps < 0).any():
-            i = int(np.argmax(steps < 0))
-            raise ValueError(f"{name}: offsets must not decrease, got {h[i]} then {h[i + 1]} at index {i + 1}")
-        if h[-1] > total:
-            raise ValueError(f"{name}: the last offset {h[-1]} is past the {total} packed tokens")
-        longest = int(steps.max()) if steps.size else 0
-        if given is not None and longest > given:
-            raise ValueError(f"{what}: {given} is less than the longest sequence ({longest})")
-        found += [h, longest]
-    return found[0], found[2], found[1], found[3]
+    """(offsets of q, of k, as NumPy int64; the longest query and key sequences), checked
+    (host_offsets). (Reads GPU offsets back: a synchronisation.)"""
+    hq, longest_q = host_offsets(cu_q, "cu_seqlens_q", total_q, max_q, "max_seqlen_q")
+    hk, longest_k = host_offsets(cu_k, "cu_seqlens_k", total_k, max_k, "max_seqlen_k")
+    return hq, hk, longest_q, longest_k
+
+
+def host_offsets(x, name, total, given, what):
+    """(offsets ``x`` as NumPy int64, the longest sequence), checked: non-decreasing, from 0
+    or more, within the ``total`` packed tokens, none longer than ``given`` (the argument
+    ``what``) where given."""
+    h = (x.get() if _arrays.is_cupy(x) else x).astype(np.int64)
+    if h[0] < 0:
+        raise ValueError(f"{name}: offsets must be >= 0, got {h[0]} at index 0")
+    steps = np.diff(h)
+    if (steps < 0).any():
+        i = int(np.argmax(steps < 0))
+        raise ValueError(f"{name}: offsets must not decrease, got {h[i]} then {h[i + 1]} at index {i + 1}")
+    if h[-1] > total:
+        raise ValueError(f"{name}: the last offset {h[-1]} is past the {total} packed tokens")
+    longest = int(steps.max()) if steps.size else 0
+    if given is not None and longest > given:
+        raise ValueError(f"{what}: {given} is less than the longest sequence ({longest})")
+    return h, longest
 
 
 def _row_strides(x):
