@@ -1,62 +1,26 @@
 """What the benchmark runs: ops, dtypes, shapes, suites, the plan of (case, impls), and the
 bytes each case must move at the least.
 
-Pure Python and NumPy only (no CuPy, no GPU), so the CPU tests cover all of it. Every
-parse error is a ValueError whose message names the option and lists what it accepts;
-the CLI turns it into a usage error.
+The facts of each operator (dtypes, bytes, flops, tolerance, baselines, how its shapes
+look) are its description in ``operators``; this module holds the generic rules that read
+them, plus the suites' shapes. Pure Python and NumPy only (no CuPy, no GPU), so the CPU
+tests cover all of it. Every parse error is a ValueError whose message names the option and
+lists what it accepts; the CLI turns it into a usage error.
 """
-import math
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
-OPS = ("trace", "sum", "max", "softmax", "layer_norm", "rms_norm", "matmul", "scaled_matmul", "attention",
-       "silu_and_mul", "gelu_and_mul", "add_rms_norm", "rope")
-# The fused LLM operators (issue 19). Their shapes: silu/gelu_and_mul x's [tokens, 2d];
-# add_rms_norm x's [tokens, hidden]; rope (tokens, q_heads, kv_heads, head_dim), q
-# [tokens, q_heads, head_dim] and k [tokens, kv_heads, head_dim].
-FUSED_OPS = ("silu_and_mul", "gelu_and_mul", "add_rms_norm", "rope")
-# gelu_and_mul's form timed (the operator's default, as torch.nn.functional.gelu's)
-GELU_APPROXIMATE = "none"
-# The GEMM-shaped ops: (M, N, K) shapes, operand layouts, multiply-adds as their work.
-GEMM_OPS = ("matmul", "scaled_matmul")
-_OP_ALIASES = {
-    "amax": "max",
-    "layernorm": "layer_norm",
-    "layer-norm": "layer_norm",
-    "rmsnorm": "rms_norm",
-    "rms-norm": "rms_norm",
-    "gemm": "matmul",
-    "fp8": "scaled_matmul",
-    "scaled_mm": "scaled_matmul",
-    "attn": "attention",
-    "sdpa": "attention",
-    "silu": "silu_and_mul",
-    "swiglu": "silu_and_mul",
-    "gelu": "gelu_and_mul",
-    "geglu": "gelu_and_mul",
-    "fused_add_rms_norm": "add_rms_norm",
-    "add-rms-norm": "add_rms_norm",
-    "rotary": "rope",
-}
+from . import operators
+from .operators import (ATTN_CHECK_ROWS, DECODE_MAX_Q, EXACT_DTYPES, FLOAT_DTYPES, ITEMSIZE, LAYOUTS,
+                        OPERATORS, SDPA_BACKENDS, AttnShape, operator)
 
-FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-REDUCE_DTYPES = FLOAT_DTYPES + ("float64", "int32", "int64")
-OP_DTYPES = {
-    "trace": REDUCE_DTYPES,
-    "sum": REDUCE_DTYPES,
-    "max": REDUCE_DTYPES,
-    "softmax": FLOAT_DTYPES,
-    "layer_norm": FLOAT_DTYPES,
-    "rms_norm": FLOAT_DTYPES,
-    "matmul": FLOAT_DTYPES + ("int8",),
-    # float8 e4m3 operands (uint8 bits in CuPy), bfloat16 out, per-tensor scales
-    "scaled_matmul": ("float8_e4m3",),
-    "attention": FLOAT_DTYPES,
-    **{op: FLOAT_DTYPES for op in FUSED_OPS},
-}
+visible_pairs = operators.visible_pairs  # attention's work, counted where the other facts are
+
+OPS = tuple(OPERATORS)
+_OP_ALIASES = {alias: op for op, spec in OPERATORS.items() for alias in spec.aliases}
+
 _DTYPE_ALIASES = {
     "fp32": "float32", "f32": "float32", "float": "float32",
     "fp16": "float16", "f16": "float16", "half": "float16",
@@ -65,42 +29,7 @@ _DTYPE_ALIASES = {
     "i32": "int32", "i64": "int64", "i8": "int8",
     "e4m3": "float8_e4m3", "fp8": "float8_e4m3", "float8": "float8_e4m3",
 }
-ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8,
-            "int8": 1, "float8_e4m3": 1}
-
-# Vendor baselines per op. CuPy has no layer/RMS norm of its own.
-BASELINES = {
-    "trace": ("cupy", "torch"),
-    "sum": ("cupy", "torch"),
-    "max": ("cupy", "torch"),
-    "softmax": ("cupy", "torch"),
-    "layer_norm": ("torch",),
-    "rms_norm": ("torch",),
-    "matmul": ("cupy", "torch"),  # cupy.matmul = cuBLAS (TF32 off); int8: torch._int_mm
-    "scaled_matmul": ("torch",),  # torch._scaled_mm (cuBLASLt), use_fast_accum off as by default
-    # torch.nn.functional.scaled_dot_product_attention, one row per backend (sdpa_kernel);
-    # prefill cases get the two fast ones, decode cases all four (see attention_baselines)
-    "attention": ("torch-flash", "torch-cudnn", "torch-efficient", "torch-math"),
-    # the PyTorch eager compositions the fused operators replace (runners.baseline_call)
-    **{op: ("torch",) for op in FUSED_OPS},
-}
-# SDPA backend of each attention baseline: the name in torch.nn.attention.SDPBackend
-SDPA_BACKENDS = {"torch-flash": "FLASH_ATTENTION", "torch-cudnn": "CUDNN_ATTENTION",
-                 "torch-efficient": "EFFICIENT_ATTENTION", "torch-math": "MATH"}
 BASELINE_NAMES = ("cupy", "torch", *SDPA_BACKENDS)
-
-# Which reference.TOLERANCE table applies. Softmax goes with the norms: it divides by a
-# row sum after an exp, so float32 lands near 1e-6..1e-5, above the pure-reduction bar.
-TOLERANCE_KIND = {
-    "trace": "reduce", "sum": "reduce", "max": "reduce",
-    "softmax": "norm", "layer_norm": "norm", "rms_norm": "norm", "matmul": "gemm",
-    "scaled_matmul": "scaled_matmul", "attention": "attention",
-    **{op: "norm" for op in FUSED_OPS},
-}
-NORM_EPS = {"layer_norm": 1e-5, "rms_norm": 1e-6, "add_rms_norm": 1e-6}
-
-# Reductions are benchmarked along the last axis; sum also over the whole array.
-DEFAULT_AXES = {"sum": (-1, None), "max": (-1,)}
 
 # Textbook rungs are only timed up to this many elements when slow rungs are skipped.
 SLOW_LIMIT = 2**24
@@ -124,34 +53,8 @@ _LLAMA3_8B_PREFILL = tuple((m, n, k) for m in (4096, 512)
                                         (4096, 14336)))
 _TRACE_SHAPE = (5977, 7890)  # awkward, non-square: the acceptance shape for trace
 
-# matmul operand layouts. nn: a @ b with b stored K x N (row-major), what matmul(a, b)
-# of two plain arrays is; nt: an LLM linear layer, x @ w.T with the weight w stored N x K
-# and w.T a view (no copy), so b is K-contiguous (column-major). Every impl and baseline of
-# a case gets the same operands in the same layout.
-LAYOUTS = ("nn", "nt")
-# The layouts each GEMM op takes (8-bit wgmma and torch._scaled_mm read b K-major: nt), and
-# the output dtype of an op whose result is not its input's.
-OP_LAYOUTS = {"matmul": LAYOUTS, "scaled_matmul": ("nt",)}
-OUT_DTYPE = {"scaled_matmul": "bfloat16"}
+# the GEMMs' operand layouts (operators.LAYOUTS), as --layout's errors spell them
 LAYOUT_HELP = "nn (a @ b, b stored K x N) or nt (x @ w.T, w stored N x K, w.T a view)"
-
-
-class AttnShape(NamedTuple):
-    """An attention problem's sizes: q [B, Sq, Hq, D], k and v [B, Skv, Hkv, D] ("bshd").
-    Spelled with named dimensions, B4xHq16xHkv16xSq4096xSkv4096xD128 (see
-    parse_attention_shape), so it can never be mistaken for a 6-D array shape."""
-
-    B: int
-    Hq: int
-    Hkv: int
-    Sq: int
-    Skv: int
-    D: int
-
-    def __str__(self):
-        return (f"B{self.B}xHq{self.Hq}xHkv{self.Hkv}xSq{self.Sq}xSkv{self.Skv}"
-                f"xD{self.D}")
-
 
 # Attention masks: name -> (causal, causal_align) as cupyops.attention takes them. "causal"
 # is PyTorch SDPA's is_causal (row i sees keys j <= i); "causal_br" aligns the mask to the
@@ -166,9 +69,6 @@ _MASK_ALIASES = {
     "causal_br": "causal_br", "causal-br": "causal_br", "bottom_right": "causal_br",
     "bottom-right": "causal_br", "br": "causal_br",
 }
-# At most this many query rows is a decode (KV-cache) case: memory-bound, reported in GB/s
-# too, and the only cases the decode rung is timed on.
-DECODE_MAX_Q = 16
 # The issue's acceptance cases: (shape, masks, dtypes). Prefill: MHA with D = 128 and
 # D = 64, causal and not, and GQA 32:8 at 8192 tokens (causal, as in a decoder's prefill);
 # decode: one new token per sequence against a 4K or 32K KV cache, batch 16 and 64, GQA
@@ -232,6 +132,9 @@ SUITES = {
         "*": (_BIG_SHAPES, FLOAT_DTYPES),
     },
 }
+# The fused LLM operators (issue 19), as the suites size them: silu/gelu_and_mul x's
+# [tokens, 2d]; add_rms_norm x's [tokens, hidden]; rope (tokens, q_heads, kv_heads, head_dim).
+FUSED_OPS = tuple(_FUSED_FULL)
 # The ops a suite runs when no --op is given.
 SUITE_OPS = {"quick": tuple(op for op in OPS if op != "attention"), "full": OPS}
 
@@ -240,7 +143,8 @@ SUITE_OPS = {"quick": tuple(op for op in OPS if op != "attention"), "full": OPS}
 class Case:
     """One input to time every impl on: op, dtype, shape and (for reductions) axis;
     attention: an AttnShape and its mask (causal, causal_align); matmul: (M, N, K) and
-    the operand layout (LAYOUTS)."""
+    the operand layout (LAYOUTS). How the shape reads (rows, cols, elements) is the op's
+    description's (``spec``)."""
 
     op: str
     dtype: str
@@ -251,35 +155,38 @@ class Case:
     layout: str = "nn"  # matmul only: "nn" | "nt"; "" for the other ops
 
     def __post_init__(self):
-        if self.op == "attention":
+        spec = self.spec
+        if spec.family == "attention":
             object.__setattr__(self, "shape", AttnShape(*self.shape))
             object.__setattr__(self, "axis", None)
             if not self.causal:  # one spelling per mask, so equal cases compare equal
                 object.__setattr__(self, "causal_align", "top_left")
-        if self.op not in GEMM_OPS:  # one spelling again: no layout outside the GEMMs
+        if not spec.layouts:  # one spelling again: no layout outside the GEMMs
             object.__setattr__(self, "layout", "")
-        elif self.layout not in OP_LAYOUTS[self.op]:
-            raise ValueError(f"{self.op} layout {self.layout!r}: {', '.join(OP_LAYOUTS[self.op])} only")
+        elif self.layout not in spec.layouts:
+            raise ValueError(f"{self.op} layout {self.layout!r}: {', '.join(spec.layouts)} only")
+
+    @property
+    def spec(self):
+        """The op's description (operators.Operator)."""
+        return operator(self.op)
 
     @property
     def numel(self):
-        if self.op == "rope":  # q's and k's elements
-            T, Hq, Hkv, D = self.shape
-            return T * (Hq + Hkv) * D
-        return math.prod(self.shape)
+        """Elements (rope: q's and k's)."""
+        return self.spec.numel(self.shape)
 
     @property
     def cols(self):
-        """Length of the last axis: the row the row-wise ops work on (matmul: N, the
-        output's row; rope: a token's elements of q and k)."""
-        if self.op == "rope":
-            return self.numel // self.shape[0]
-        return self.shape[1] if self.op in GEMM_OPS else self.shape[-1]
+        """Length of the row the row-wise ops work on (matmul: N, the output's row; rope: a
+        token's elements of q and k)."""
+        return self.spec.cols(self.shape)
 
     @property
     def rows(self):
         """Rows of the output checked row by row (matmul: M; rope: tokens)."""
-        return self.shape[0] if self.op in GEMM_OPS else self.numel // self.cols
+        rows = self.spec.rows
+        return rows(self.shape) if rows else self.numel // self.cols
 
     @property
     def work(self):
@@ -289,15 +196,15 @@ class Case:
     @property
     def row_wise(self):
         """True when each output row depends only on the same input row (so a subset of
-        rows can be checked on its own; matmul: row i of the output is row i of A times B)."""
-        return self.op in ("softmax", "layer_norm", "rms_norm", *GEMM_OPS, *FUSED_OPS) or (
-            self.op in ("sum", "max") and self.axis == -1
-        )
+        rows can be checked on its own; matmul: row i of the output is row i of A times B).
+        A reduction is row-wise along the last axis only."""
+        spec = self.spec
+        return spec.row_wise and (not spec.axis_option or self.axis == -1)
 
     @property
     def mask(self):
         """Attention: "none", "causal" (top-left) or "causal_br"; "" for the other ops."""
-        if self.op != "attention":
+        if self.spec.family != "attention":
             return ""
         if not self.causal:
             return "none"
@@ -311,17 +218,17 @@ class Case:
     @property
     def decode(self):
         """Attention with at most DECODE_MAX_Q query rows: the memory-bound KV-cache case."""
-        return self.op == "attention" and self.shape.Sq <= DECODE_MAX_Q
+        return self.spec.family == "attention" and self.shape.Sq <= DECODE_MAX_Q
 
     @property
     def shape_str(self):
-        if self.op == "attention":
+        if isinstance(self.shape, AttnShape):
             return str(self.shape)
         return "x".join(str(d) for d in self.shape)
 
     @property
     def axis_str(self):
-        if self.op in ("trace", "attention", *GEMM_OPS):
+        if not self.spec.has_axis:
             return ""
         return "all" if self.axis is None else str(self.axis)
 
@@ -389,7 +296,7 @@ def parse_dtypes(values, ops=OPS):
         dt = _DTYPE_ALIASES.get(name.lower(), name.lower())
         if dt not in ITEMSIZE:
             raise ValueError(f"--dtype: unknown dtype {name!r}; expected one of {', '.join(known)}")
-        if not any(dt in OP_DTYPES[op] for op in ops):
+        if not any(dt in operator(op).dtypes for op in ops):
             raise ValueError(f"--dtype: {dt} is not supported by {', '.join(ops)} "
                              f"(the float-only ops take {', '.join(FLOAT_DTYPES)})")
         if dt not in dtypes:
@@ -529,63 +436,55 @@ def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None, masks=
                  layouts=None):
     """Every (op, axis, shape, dtype) to run (attention: (shape, mask, dtype); matmul:
     (layout, shape, dtype)). Explicit dtypes/shapes/axes replace the suite's; masks and
-    layouts select among the suite's (see _attention_cases, _matmul_cases); a dtype an op
+    layouts select among the suite's (see _attention_cases, _gemm_cases); a dtype an op
     does not take is left out for that op only. Attention shapes (named dimensions) go to
     attention only, the others to the other ops; when several ops are selected, an op given
-    no shape of its kind is left out."""
+    no shape of its kind is left out, and so is a shape another op claims by its rank
+    (rope's 4-D shapes)."""
+    claimed = {OPERATORS[op].claims_rank for op in ops} - {None}
     cases = []
     for op in ops:
+        spec = operator(op)
+        attention = spec.family == "attention"
+        shapes_for_op = None
         if shapes:
-            mine = [s for s in shapes if isinstance(s, AttnShape) == (op == "attention")]
+            mine = [s for s in shapes if isinstance(s, AttnShape) == attention]
             if not mine:
                 if len(ops) > 1:
                     continue
-                if op == "attention":
-                    raise ValueError("--shape: attention takes named dimensions, e.g. "
-                                     "B4xHq16xHkv16xSq4096xSkv4096xD128")
+                if attention:
+                    raise ValueError(f"--shape: {op} takes {spec.shape_help}")
                 raise ValueError(f"--shape: {op} takes plain dimensions (e.g. 16384x8192), "
                                  f"not an attention shape")
             shapes_for_op = tuple(mine)
-        else:
-            shapes_for_op = None
-        if op == "attention":
-            cases += _attention_cases(suite, dtypes, shapes_for_op, masks)
+        if attention:
+            cases += _attention_cases(op, suite, dtypes, shapes_for_op, masks)
             continue
-        if op == "rope" or (shapes_for_op and len(ops) > 1 and "rope" in ops):
-            # rope's shapes are TxHqxHkvxD (4-D); among several ops, 4-D shapes go to it alone
-            if shapes_for_op:
-                kept = tuple(s for s in shapes_for_op if (len(s) == 4) == (op == "rope"))
-                if not kept:
-                    if len(ops) > 1:
-                        continue
-                    raise ValueError("--shape: rope takes tokens x q_heads x kv_heads x head_dim, "
-                                     "e.g. 16384x32x8x128")
-                shapes_for_op = kept
-        if op in GEMM_OPS:
+        if shapes_for_op and claimed:
+            if spec.claims_rank:
+                kept = tuple(s for s in shapes_for_op if len(s) == spec.claims_rank)
+            else:
+                kept = tuple(s for s in shapes_for_op if len(s) not in claimed)
+            if not kept:
+                if len(ops) > 1:
+                    continue
+                raise ValueError(f"--shape: {op} takes {spec.shape_help}")
+            shapes_for_op = kept
+        if spec.family == "gemm":
             if shapes_for_op and len(ops) > 1:  # the 2-D shapes are the other ops'
                 shapes_for_op = tuple(s for s in shapes_for_op if len(s) == 3)
                 if not shapes_for_op:
                     continue
-            cases += _matmul_cases(suite, dtypes, shapes_for_op, layouts, op)
+            cases += _gemm_cases(op, suite, dtypes, shapes_for_op, layouts)
             continue
         suite_shapes, suite_dtypes = suite_spec(suite, op)
         op_shapes = shapes_for_op or suite_shapes
-        op_dtypes = [d for d in (dtypes or suite_dtypes) if d in OP_DTYPES[op]]
-        if op in DEFAULT_AXES:
-            op_axes = axes or DEFAULT_AXES[op]
-        elif op == "trace":
-            op_axes = (None,)
-        else:
-            op_axes = (-1,)
-        if op == "trace":
-            for s in op_shapes:
-                if len(s) != 2:
-                    raise ValueError(f"--shape: trace needs a 2-D shape, got {'x'.join(map(str, s))}")
-        if op in ("silu_and_mul", "gelu_and_mul"):
-            for s in op_shapes:
-                if s[-1] % 2:
-                    raise ValueError(f"--shape: {op} takes x [..., 2d], an even last dimension, got "
-                                     f"{'x'.join(map(str, s))}")
+        op_dtypes = [d for d in (dtypes or suite_dtypes) if d in spec.dtypes]
+        op_axes = (axes or spec.axes) if spec.axis_option else spec.axes
+        for s in op_shapes:
+            problem = spec.check_shape(s) if spec.check_shape else None
+            if problem:
+                raise ValueError(f"--shape: {problem}")
         for axis in op_axes:
             for shape in op_shapes:
                 for dtype in op_dtypes:
@@ -593,20 +492,22 @@ def expand_cases(ops, suite="quick", dtypes=None, shapes=None, axes=None, masks=
     return cases
 
 
-def _matmul_cases(suite, dtypes, shapes, layouts, op="matmul"):
+def _gemm_cases(op, suite, dtypes, shapes, layouts):
     """The suite's cases of a GEMM op (matmul, scaled_matmul), group by group (MATMUL_*,
     SCALED_MATMUL_*), each in layout, shape, dtype order; or each explicit shape in
-    --layout's layouts (default nn; scaled_matmul: nt) and the dtypes of every suite group.
-    --layout keeps the suite's cases of those layouts; --dtype replaces each group's
-    dtypes. A case met twice (4096^3 nt is a square and a Llama projection) is kept once,
-    where first met."""
+    --layout's layouts (default: the op's first, nn; scaled_matmul: nt) and the dtypes of
+    every suite group. --layout keeps the suite's cases of those layouts; --dtype replaces
+    each group's dtypes. A case met twice (4096^3 nt is a square and a Llama projection) is
+    kept once, where first met."""
+    spec = operator(op)
     groups = suite_spec(suite, op)
     if shapes:
         for s in shapes:
-            if len(s) != 3:
-                raise ValueError(f"--shape: {op} takes MxNxK, got {'x'.join(map(str, s))}")
+            problem = spec.check_shape(s)
+            if problem:
+                raise ValueError(f"--shape: {problem}")
         suite_dtypes = tuple(dict.fromkeys(d for _, _, ds in groups for d in ds))
-        entries = [(shapes, layouts or OP_LAYOUTS[op][:1], suite_dtypes)]
+        entries = [(shapes, layouts or spec.layouts[:1], suite_dtypes)]
     else:
         entries = []
         for group_shapes, group_layouts, group_dtypes in groups:
@@ -623,7 +524,7 @@ def _matmul_cases(suite, dtypes, shapes, layouts, op="matmul"):
         for layout in entry_layouts:
             for shape in entry_shapes:
                 for dtype in (dtypes or entry_dtypes):
-                    if dtype not in OP_DTYPES[op] or layout not in OP_LAYOUTS[op]:
+                    if dtype not in spec.dtypes or layout not in spec.layouts:
                         continue
                     case = Case(op, dtype, tuple(shape), None, layout=layout)
                     if case in seen:
@@ -633,25 +534,28 @@ def _matmul_cases(suite, dtypes, shapes, layouts, op="matmul"):
     return cases
 
 
-def _attention_cases(suite, dtypes, shapes, masks):
+def _attention_cases(op, suite, dtypes, shapes, masks):
     """The suite's attention cases, or each explicit shape under --causal's masks (default
-    unmasked) in --dtype's dtypes (default float16 and bfloat16). --dtype and --causal
-    also filter/replace the suite's."""
+    unmasked) in --dtype's dtypes (default: those of the suite's cases, float16 and
+    bfloat16). --dtype and --causal also filter/replace the suite's."""
+    suite_cases = suite_spec(suite, op)
     if shapes:
-        entries = [(s, masks or ("none",), _HALF) for s in shapes]
+        suite_dtypes = tuple(dict.fromkeys(d for _, _, ds in suite_cases for d in ds))
+        entries = [(s, masks or ("none",), suite_dtypes) for s in shapes]
     else:
         entries = []
-        for shape, suite_masks, suite_dtypes in suite_spec(suite, "attention"):
+        for shape, suite_masks, shape_dtypes in suite_cases:
             m = tuple(x for x in suite_masks if x in masks) if masks else suite_masks
             if m:
-                entries.append((shape, m, suite_dtypes))
+                entries.append((shape, m, shape_dtypes))
+    dtypes_taken = operator(op).dtypes
     cases = []
     for shape, shape_masks, shape_dtypes in entries:
         for mask in shape_masks:
             causal, align = MASKS[mask]
             for dtype in (dtypes or shape_dtypes):
-                if dtype in OP_DTYPES["attention"]:
-                    cases.append(Case("attention", dtype, shape, None, causal, align))
+                if dtype in dtypes_taken:
+                    cases.append(Case(op, dtype, shape, None, causal, align))
     return cases
 
 
@@ -674,83 +578,38 @@ def is_slow_rung(name, ladder):
     return (len(ladder) > 1 and name == ladder[0]) or "naive" in name or name == "tiled"
 
 
-# GEMM's textbook rungs run at a few TFLOP/s: past this many multiply-adds they are left
-# out unless --no-skip-slow, in every suite (the default suite has 8192^3 products).
-GEMM_SLOW_LIMIT = 2**31
-
-# Attention's slow rungs, left out unless --no-skip-slow (in every suite, as for GEMM):
-# - naive materialises the B*Hq*Sq*Skv float32 score matrix in device memory: past 2 GiB
-#   (every prefill acceptance case holds 4-8 GiB of scores) it is a memory hog whose time
-#   says nothing new;
-# - naive, tiled and flash_v1 multiply on CUDA cores at ~10-30 TFLOP/s: above 2^40 FLOP
-#   (1.1 TFLOP) one call takes 40-110 ms, and the ~10 calls a timed rung costs (compile,
-#   two validation calls, warm-up, >= 3 repeats) several seconds. Every prefill acceptance
-#   case is 2.7e11-5.5e11 FLOP, so the ladder is timed on all of them;
-# - decode keeps one query row's state per warp: past DECODE_MAX_Q query rows it is no
-#   longer a decode case.
-ATTN_NAIVE_SCORE_LIMIT = 2**31  # bytes of float32 scores
-ATTN_SIMT_FLOP_LIMIT = 2**40
-ATTN_SIMT_RUNGS = ("naive", "tiled", "flash_v1")
-ATTENTION_SLOW_RULE = ("attention: naive when its B*Hq*Sq*Skv float32 scores exceed 2 GiB, "
-                       "naive/tiled/flash_v1 above 2^40 FLOP, decode above 16 query rows")
-
-
-def attention_score_bytes(case):
-    B, Hq, _, Sq, Skv, _ = case.shape
-    return 4 * B * Hq * Sq * Skv
-
-
-def attention_skip(name, case):
-    """Why the slow-rung rule leaves attention rung ``name`` out of ``case``, or None."""
-    if "naive" in name and attention_score_bytes(case) > ATTN_NAIVE_SCORE_LIMIT:
-        return (f"slow rung: {attention_score_bytes(case) / 2**30:.1f} GiB of float32 scores "
-                f"> 2 GiB (--no-skip-slow runs it)")
-    if name in ATTN_SIMT_RUNGS and flops(case) > ATTN_SIMT_FLOP_LIMIT:
-        return (f"slow rung: CUDA cores, {flops(case) / 1e12:.2f} TFLOP > 2^40 FLOP "
-                f"(--no-skip-slow runs it)")
-    if name == "decode" and case.shape.Sq > DECODE_MAX_Q:
-        return (f"decode rung: {case.shape.Sq} query rows > {DECODE_MAX_Q} "
-                f"(--no-skip-slow runs it)")
+def slow_reason(name, ladder, case, limit):
+    """Why the slow-rung rule leaves rung ``name`` out of ``case``: the op's own rule
+    (attention's), else a textbook rung on more than ``limit`` of work; None to run it."""
+    spec = case.spec
+    if spec.slow_reason:
+        return spec.slow_reason(name, case)
+    if is_slow_rung(name, ladder) and case.work > limit:
+        return f"slow rung on {case.work} > {limit} {spec.work_unit} (--no-skip-slow runs it)"
     return None
-
-
-def attention_baselines(case, wanted=None):
-    """SDPA backends timed on an attention case: flash and cuDNN, and for decode cases
-    also the memory-efficient and math backends. An explicit request (``wanted``) may name
-    any of the four; 'torch' stands for the case's default set."""
-    default = tuple(BASELINES["attention"]) if case.decode else ("torch-flash", "torch-cudnn")
-    if not wanted:
-        return default
-    return tuple(b for b in BASELINES["attention"]
-                 if b in wanted or ("torch" in wanted and b in default))
 
 
 def impls_for(case, ladder, requested=None, baselines=True, skip_slow=False,
               slow_limit=SLOW_LIMIT, gemm_skip_slow=True):
-    """The impls to run on ``case``: ladder order, then 'auto', then baselines."""
+    """The impls to run on ``case``: ladder order, then 'auto', then baselines. An op with
+    its own slow limit (GEMM, attention) applies it in every suite unless
+    ``gemm_skip_slow`` is False (--no-skip-slow)."""
+    spec = case.spec
     ladder = list(ladder)
-    if case.op == "attention":
-        base_names = attention_baselines(case, requested)
-    else:
-        base_names = BASELINES[case.op]
+    base_names = spec.baselines_for(case, requested)
     wanted = requested if requested else [*ladder, "auto", *base_names]
-    if case.op in ("attention", *GEMM_OPS):
-        skip_slow, slow_limit = gemm_skip_slow, GEMM_SLOW_LIMIT
+    if spec.slow_limit is not None:
+        skip_slow, slow_limit = gemm_skip_slow, spec.slow_limit
     out = []
     for name in ladder + ["auto"]:
         if name not in wanted:
             continue
         skip = None
-        if not skip_slow or name == "auto":
-            pass
-        elif case.op == "attention":
-            skip = attention_skip(name, case)
-        elif is_slow_rung(name, ladder) and case.work > slow_limit:
-            what = "multiply-adds" if case.op in GEMM_OPS else "elements"
-            skip = f"slow rung on {case.work} > {slow_limit} {what} (--no-skip-slow runs it)"
+        if skip_slow and name != "auto":
+            skip = slow_reason(name, ladder, case, slow_limit)
         out.append(Impl(name, "auto" if name == "auto" else "variant", skip))
     if baselines:
-        out += [Impl(b, "baseline") for b in base_names if b in wanted or case.op == "attention"]
+        out += [Impl(b, "baseline") for b in base_names]
     return out
 
 
@@ -767,85 +626,39 @@ def build_plan(cases, variants, requested=None, baselines=True, skip_slow=False,
 
 
 # ----------------------------------------------------------------------------------
-# the floor: bytes that must move
+# the floor: bytes that must move, and the work
 # ----------------------------------------------------------------------------------
 def result_itemsize(op, dtype):
     """Bytes per output element. Integer sums and traces widen to int64 as in NumPy."""
-    if op in ("sum", "trace") and dtype in ("int32", "int64"):
-        return 8
-    if op == "matmul" and dtype == "int8":
-        return 4
-    return ITEMSIZE[OUT_DTYPE.get(op, dtype)]
+    return operator(op).result_itemsize(dtype)
 
 
 def bytes_moved(case):
-    """Each input read once, each output written once. For trace only the diagonal
-    elements count (the DRAM actually moves a 32-byte sector per element, so trace's
-    GB/s understates the traffic)."""
-    s = ITEMSIZE[case.dtype]
-    numel, n = case.numel, case.cols
-    if case.op == "trace":
-        return min(case.shape) * s + result_itemsize("trace", case.dtype)
-    if case.op in ("sum", "max"):
-        out_elems = 1 if case.axis is None else case.rows
-        return numel * s + out_elems * result_itemsize(case.op, case.dtype)
-    if case.op == "softmax":
-        return 2 * numel * s
-    if case.op == "layer_norm":
-        return 2 * numel * s + 2 * n * s  # + weight + bias
-    if case.op == "rms_norm":
-        return 2 * numel * s + n * s  # + weight
-    if case.op in ("silu_and_mul", "gelu_and_mul"):
-        return numel * s + numel // 2 * s  # x [.., 2d] read, y [.., d] written
-    if case.op == "add_rms_norm":
-        return 4 * numel * s + n * s  # x, residual read; normed, sum written; + weight
-    if case.op == "rope":  # q and k read and written, int64 positions read (cos/sin computed)
-        return 2 * numel * s + case.shape[0] * 8
-    if case.op in GEMM_OPS:
-        M, N, K = case.shape
-        return (M * K + K * N) * s + M * N * result_itemsize(case.op, case.dtype)
-    if case.op == "attention":  # Q and O [B, Sq, Hq, D], K and V [B, Skv, Hkv, D]
-        B, Hq, Hkv, Sq, Skv, D = case.shape
-        return (2 * B * Sq * Hq * D + 2 * B * Skv * Hkv * D) * s
-    raise ValueError(f"unknown op {case.op!r}")
-
-
-def visible_pairs(Sq, Skv, causal=False, causal_offset=0):
-    """(query, key) pairs attention computes: Sq * Skv, or under a causal mask the exact
-    count sum_i clamp(i + causal_offset + 1, 0, Skv) (row i sees keys j <= i + offset;
-    top_left: offset 0, bottom_right: Skv - Sq)."""
-    if not causal:
-        return Sq * Skv
-    seen = np.clip(np.arange(Sq, dtype=np.int64) + (causal_offset + 1), 0, Skv)
-    return int(seen.sum())
+    """Each input read once, each output written once (the op's description counts them)."""
+    return case.spec.bytes_moved(case)
 
 
 def flops(case):
     """Floating-point (int8: integer) operations of the case: 2 M N K for matmul;
-    attention 4 B Hq D (visible query-key pairs): 2 for each multiply-add of S = Q K^T and
-    of O = P V (the softmax's exponentials are not counted); None for the memory-bound ops
-    (their metric is bandwidth)."""
-    if case.op in GEMM_OPS:
-        M, N, K = case.shape
-        return 2 * M * N * K
-    if case.op == "attention":
-        B, Hq, _, Sq, Skv, D = case.shape
-        return 4 * B * Hq * D * visible_pairs(Sq, Skv, case.causal, case.causal_offset)
-    return None
+    attention 4 B Hq D (visible query-key pairs); None for the memory-bound ops (their
+    metric is bandwidth)."""
+    count = case.spec.flops
+    return count(case) if count else None
 
 
 def reports_bandwidth(case):
     """Whether GB/s (and % of copy bandwidth) mean something for the case: not for
     attention prefill, which is compute-bound (its Q+K+V+O bytes are a tiny floor)."""
-    return case.op != "attention" or case.decode
+    return case.spec.reports_bandwidth(case)
 
 
 def sample_rows(case, limit=CHECK_LIMIT):
     """Rows to validate: None (all) when the case is small or not row-wise, else an evenly
     spaced sorted subset always holding the first and the last row."""
-    if case.op == "attention":
+    family = case.spec.family
+    if family == "attention":
         return None  # sampled its own way: attention_sample
-    if case.op in GEMM_OPS:
+    if family == "gemm":
         # the float64 host reference costs M*N*K multiply-adds: keep it to ~64 rows' worth
         if limit <= 0 or case.work <= 16 * limit:
             return None
@@ -859,12 +672,8 @@ def sample_rows(case, limit=CHECK_LIMIT):
     return np.unique(np.linspace(0, case.rows - 1, k).round().astype(np.int64))
 
 
-# Attention is validated on a sample: the float64 host reference of all of B4 H16 S4096
-# D128 is 2e11 multiply-adds. ATTN_CHECK_ROWS query rows (first and last included) of a few
-# batches and heads; the NaN-poisoned out= still covers the whole output on the GPU.
-ATTN_CHECK_ROWS = 64
-
-
+# Attention is validated on a sample of ATTN_CHECK_ROWS query rows of a few batches and
+# heads (see operators.ATTN_CHECK_ROWS).
 @dataclass(frozen=True)
 class AttnSample:
     """Which outputs O[b, i, h, :] of an attention case are compared with the reference:
@@ -898,11 +707,12 @@ def attention_sample(case, max_rows=ATTN_CHECK_ROWS):
 
 
 def tolerance(case, table):
-    """Allowed rel_error from reference.TOLERANCE; integer results must be exact."""
-    if case.dtype in ("int32", "int64", "int8"):
+    """Allowed rel_error from reference.TOLERANCE (the op's kind, by output dtype), widened
+    where the op's error grows with its size; integer results must be exact."""
+    if case.dtype in EXACT_DTYPES:
         return 0.0
-    tol = table[TOLERANCE_KIND[case.op]][OUT_DTYPE.get(case.op, case.dtype)]  # (by output dtype)
-    if case.op == "matmul" and case.dtype == "float32":
-        # K products summed in float32: the rounding error grows as sqrt(K) (cuBLAS too)
-        tol = max(tol, 2e-7 * math.sqrt(case.shape[2]))
+    spec = case.spec
+    tol = table[spec.tolerance_kind][spec.result_dtype(case.dtype)]
+    if spec.widen_tolerance:
+        tol = spec.widen_tolerance(case, tol)
     return tol

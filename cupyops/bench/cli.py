@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cases, report
+from . import cases, operators, report
 
 EPILOG = """\
 examples:
@@ -113,7 +113,7 @@ def build_parser():
                           "(default: on for the full suite, off otherwise; matmul's naive "
                           "and tiled rungs are skipped above 2^31 multiply-adds in every "
                           "suite unless --no-skip-slow; so are "
-                          f"{cases.ATTENTION_SLOW_RULE})")
+                          f"{operators.ATTENTION_SLOW_RULE})")
     sel.add_argument("--slow-limit", type=int, default=cases.SLOW_LIMIT, metavar="N",
                      help="element count above which --skip-slow applies (default 2^24; "
                           "not used for matmul and attention, which have their own rules)")
@@ -162,11 +162,12 @@ def make_plan(args, parser, variants_loader=None):
         dtypes = cases.parse_dtypes(args.dtype, ops)
         shapes = cases.parse_shapes(args.shape)
         axes = cases.parse_axes(args.axis)
+        specs = [operators.operator(op) for op in ops]
         masks = cases.parse_masks(args.causal)
-        if masks and "attention" not in ops:
+        if masks and not any(spec.family == "attention" for spec in specs):
             raise ValueError("--causal: applies to attention only (add --op attention)")
         layouts = cases.parse_layouts(args.layout)
-        if layouts and not set(cases.GEMM_OPS) & set(ops):
+        if layouts and not any(spec.layouts for spec in specs):
             raise ValueError("--layout: applies to matmul and scaled_matmul only (add --op matmul)")
         case_list = cases.expand_cases(ops, suite, dtypes, shapes, axes, masks, layouts)
         requested = cases.split_list(args.impl)
@@ -393,13 +394,14 @@ def run_case(case, impls, args, flush, torch):
     """Rows for every impl of one case, in plan order."""
     from . import runners
 
-    base = {"op": case.op, "axis": None if case.op in ("trace", *cases.GEMM_OPS) else case.axis,
+    spec = case.spec
+    base = {"op": case.op, "axis": case.axis if spec.has_axis else None,
             "dtype": case.dtype, "shape": case.shape_str, "bytes": cases.bytes_moved(case),
             "flops": cases.flops(case), "gbps_meaningful": cases.reports_bandwidth(case)}
-    if case.op == "attention":
+    if spec.family == "attention":
         base.update(mask=case.mask, causal=case.causal, causal_align=case.causal_align,
                     decode=case.decode, **case.shape._asdict())
-    if case.op in cases.GEMM_OPS:
+    if spec.layouts:
         base["layout"] = case.layout
 
     def row(impl, status="ok", note=None, **kw):
@@ -469,7 +471,7 @@ def run_baseline(data, impl, args, flush, torch, row):
             t = timing.time_gpu(fn, repeats=args.repeats, warmup=args.warmup, flush=flush,
                                 budget_s=args.time_budget)
     except Exception as exc:
-        if data.case.op == "attention":  # one line: what refused it
+        if impl.name in operators.SDPA_BACKENDS:  # one line: what refused it
             lines = [ln for ln in str(exc).splitlines() if ln.strip()]
             return row(impl, "skipped",
                        f"unavailable: {type(exc).__name__}: {lines[0] if lines else ''}")
@@ -486,7 +488,7 @@ def progress_line(r, wall_s):
         gbps = r["bytes"] / (r["ms"] * 1e-3) / 1e9
         rate = (f"{r['flops'] / (r['ms'] * 1e-3) / 1e12:8.1f} TFLOP/s" if r.get("flops")
                 else f"{gbps:8.0f} GB/s")
-        if r.get("flops") and r.get("op") == "attention" and r.get("gbps_meaningful"):
+        if r.get("flops") and r.get("decode"):  # attention decode: memory-bound too
             rate += f" {gbps:6.0f} GB/s"
         note = f"  ({r['note']})" if r.get("note") else ""
         return (f"{head}{r['ms']:10.4f} ms {rate}  rel_err {r['rel_error']:.1e}{note}  "

@@ -15,7 +15,7 @@ nt"); a row without one (results written before layouts) is "nn".
 import json
 import math
 
-from .cases import GEMM_OPS
+from .operators import LAYOUTS, OPERATORS
 
 # (title, row key, alignment) of the table columns, text and markdown alike.
 COLUMNS = (
@@ -36,11 +36,17 @@ COLUMNS = (
 )
 
 
+def _spec(row):
+    """The description of the row's op; None for an op this version does not know."""
+    return OPERATORS.get(row["op"])
+
+
 def layout_of(row):
     """A GEMM row's operand layout ("nn" when a matmul row predates layouts); "" otherwise."""
-    if row["op"] not in GEMM_OPS:
+    spec = _spec(row)
+    if spec is None or not spec.layouts:
         return ""
-    return row.get("layout") or "nn"
+    return row.get("layout") or LAYOUTS[0]
 
 
 def case_key(row):
@@ -95,9 +101,10 @@ def any_failed(rows):
 # ----------------------------------------------------------------------------------
 def axis_label(row):
     """The axis of a reduction ("all" for None), attention's mask, or nothing."""
-    if row["op"] == "attention":
+    spec = _spec(row)
+    if spec is not None and spec.family == "attention":
         return row.get("mask") or ""
-    if row["op"] in ("trace", *GEMM_OPS):
+    if spec is not None and not spec.has_axis:
         return ""
     return "all" if row.get("axis") is None else str(row["axis"])
 
@@ -237,38 +244,13 @@ def header_lines(meta):
                  "elements only); matmul shapes are MxNxK, TFLOP/s = 2MNK / time; "
                  "vs best base = best baseline ms / this ms (> 1: faster); vs each base: "
                  "the same against every baseline that ran")
-    if "matmul" in s.get("ops", ("matmul",)):
-        lines.append("matmul layouts, after the shape: nn = a @ b, b stored K x N (row-major); "
-                     "nt = x @ w.T, w stored N x K (a linear layer's weight), w.T a view; "
-                     "cupyops, cupy.matmul and torch.matmul (int8: torch._int_mm) get the "
-                     "same operands")
-    if "scaled_matmul" in s.get("ops", ()):
-        lines.append("scaled_matmul: e4m3 x e4m3 -> bfloat16 with one float32 scale per operand (in device "
-                     "memory), x @ w.T (w stored N x K); cupyops and torch._scaled_mm (use_fast_accum off) "
-                     "get the same operands; the reference is the float64 product of the dequantised operands")
-    if "attention" in s.get("ops", ()):
-        lines += attention_header_lines()
+    # each op that ran adds its own lines; results saved before the ops were recorded
+    # were matmul runs
+    ran = s.get("ops", ("matmul",))
+    for op, spec in OPERATORS.items():
+        if op in ran:
+            lines += spec.header_lines
     return lines
-
-
-def attention_header_lines():
-    from .cases import ATTENTION_SLOW_RULE, ATTN_CHECK_ROWS, DECODE_MAX_Q
-
-    return [
-        ("attention: q [B, Sq, Hq, D], k and v [B, Skv, Hkv, D] (bshd), scale 1/sqrt(D); "
-         "TFLOP/s = 4*B*Hq*D*(visible query-key pairs) / time, causal pairs counted exactly "
-         "(mask causal: row i sees keys j <= i; causal_br: j <= i + Skv - Sq); decode cases "
-         f"(Sq <= {DECODE_MAX_Q}) also GB/s of Q+K+V+O, each read or written once"),
-        ("attention validation: float64 reference on a sample: first and last batch (decode: "
-         f"4 batches), query heads 0, 1, Hq/2+1, Hq-1, {ATTN_CHECK_ROWS} query rows (--check-limit 0: "
-         "all); out= poisoned with NaN over the whole output; slow rungs left out unless "
-         f"--no-skip-slow: {ATTENTION_SLOW_RULE}"),
-        ("attention baselines: torch.nn.functional.scaled_dot_product_attention with one "
-         "backend each (torch-flash, torch-cudnn; decode also torch-efficient, torch-math) "
-         "on the same memory as [B, H, S, D] views; enable_gqa for GQA; a backend that "
-         "refuses is listed as unavailable, and any copy it needed (made before timing) is "
-         "noted in its row"),
-    ]
 
 
 def format_markdown(meta, rows):

@@ -1,5 +1,7 @@
 """GPU side of the benchmark: the inputs of a case, the calls to time (cupyops variants and
-vendor baselines), and their validation against ``cupyops.reference`` in float64.
+vendor baselines), and their validation against ``cupyops.reference`` in float64. What
+each operator's inputs, reference and calls are is its description in ``operators``; this
+module makes, calls and checks them the same way for every operator.
 
 Validation of a cupyops variant, before it is timed:
 1. the plain call ``op(x, impl=...)`` (what gets timed) is compared with the reference;
@@ -10,7 +12,7 @@ Validation of a cupyops variant, before it is timed:
    subset of rows on big row-wise cases (see cases.sample_rows).
 Baselines get step 1 only; their error is reported, never held against them.
 
-A matmul case's B is made in its layout (cases.LAYOUTS; nt: the transposed view of an
+A matmul case's B is made in its layout (operators.LAYOUTS; nt: the transposed view of an
 N x K weight), and that one array goes to cupyops, cupy and torch alike; the reference
 multiplies by the same logical K x N B.
 
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import cases as _cases
+from .operators import SDPA_BACKENDS, operator
 
 # Same-size unsigned type per itemsize: gathers, poison and NaN counts go through these
 # raw views, so they work for bfloat16 whatever CuPy's ufuncs support for it.
@@ -88,151 +91,25 @@ def random_normal(shape, dtype, seed):
 
 
 def prepare(case, *, seed=0, check_limit=_cases.CHECK_LIMIT):
-    """Inputs of ``case`` on the GPU and the float64 reference on the rows checked."""
+    """Inputs of ``case`` on the GPU (its description's make_inputs) and the float64
+    reference on the rows checked (attention: on its sample)."""
     import cupy
 
     from .. import reference
 
-    if case.op == "matmul":
-        return _prepare_matmul(case, seed, check_limit)
-    if case.op == "scaled_matmul":
-        return _prepare_scaled_matmul(case, seed, check_limit)
-    if case.op == "attention":
-        return _prepare_attention(case, seed, check_limit)
-    if case.op == "rope":
-        return _prepare_rope(case, seed, check_limit)
-    x = random_normal(case.shape, case.dtype, seed)
-    data = CaseData(case, x, tol=_cases.tolerance(case, reference.TOLERANCE))
-    if case.op in _cases.NORM_EPS:
-        # ones + noise (and a small bias) so both sides really multiply and add
-        n = case.cols
-        data.weight = (1.0 + 0.1 * random_normal((n,), "float32", seed + 1)).astype(x.dtype)
-        if case.op == "layer_norm":
-            data.bias = (0.1 * random_normal((n,), "float32", seed + 2)).astype(x.dtype)
-    if case.op == "add_rms_norm":
-        data.residual = random_normal(case.shape, case.dtype, seed + 3)
-    rows = _cases.sample_rows(case, check_limit)
-    if rows is not None:
-        data.rows = cupy.asarray(rows)
-    x_host = host_rows(data, x)
-    w_host = None if data.weight is None else data.weight.get()
-    b_host = None if data.bias is None else data.bias.get()
-    if case.op == "add_rms_norm":
-        data.ref = reference.add_rms_norm(x_host, host_rows(data, data.residual), w_host,
-                                          _cases.NORM_EPS["add_rms_norm"])
+    spec = case.spec
+    data = CaseData(case, tol=_cases.tolerance(case, reference.TOLERANCE), **spec.make_inputs(case, seed))
+    if spec.family == "attention":
+        data.sample = _cases.attention_sample(case, 0 if check_limit == 0 else _cases.ATTN_CHECK_ROWS)
     else:
-        data.ref = reference_output(case, x_host, w_host, b_host)
-    if rows is not None:
-        data.ref = (tuple(r.reshape(len(rows), -1) for r in data.ref) if isinstance(data.ref, tuple)
-                    else data.ref.reshape(len(rows), -1))
-    return data
-
-
-# rope's positions: drawn from [0, ROPE_MAX_POS), the rows of the torch baseline's cache
-ROPE_MAX_POS = 32768
-ROPE_BASE = 10000.0
-
-
-def _prepare_rope(case, seed, check_limit):
-    """q [T, Hq, D], k [T, Hkv, D] N(0, 1), int64 positions uniform in [0, ROPE_MAX_POS),
-    neox style over all of D, cos/sin from base (cupyops' default path); the torch baseline
-    gets vLLM's cos_sin_cache of those angles in the case's dtype (made here, untimed)."""
-    import cupy
-
-    from .. import reference
-
-    T, Hq, Hkv, D = case.shape
-    q = random_normal((T, Hq, D), case.dtype, seed)
-    k = random_normal((T, Hkv, D), case.dtype, seed + 1)
-    positions = cupy.random.RandomState(seed + 2).randint(0, ROPE_MAX_POS, size=T, dtype=cupy.int64)
-    data = CaseData(case, q, k=k, positions=positions, tol=_cases.tolerance(case, reference.TOLERANCE))
-    cos, sin = reference.rope_cos_sin(np.arange(ROPE_MAX_POS), D, ROPE_BASE)
-    data.cos_sin_cache = cupy.asarray(np.concatenate([cos, sin], axis=1).astype(q.dtype))
-    rows = _cases.sample_rows(case, check_limit)
-    if rows is not None:
-        data.rows = cupy.asarray(rows)
-    q_host = host_rows(data, q).reshape(-1, Hq, D)
-    k_host = host_rows(data, k).reshape(-1, Hkv, D)
-    pos_host = positions.get() if rows is None else positions[data.rows].get()
-    ref_q, ref_k = reference.rope(q_host, k_host, pos_host, D, ROPE_BASE)
-    data.ref = (ref_q.reshape(len(pos_host), -1), ref_k.reshape(len(pos_host), -1))
-    return data
-
-
-def _prepare_matmul(case, seed, check_limit):
-    """A (M x K) and B (K x N) as ``matmul(a, b)`` gets them, in the case's layout: nn, B
-    allocated K x N (row-major); nt, a linear layer's weight W allocated N x K and B = W.T,
-    a view. Every impl and baseline is handed this one B (see matmul_operands), and the
-    float64 reference of the rows checked is A times the logical B."""
-    import cupy
-
-    from .. import reference
-
-    a, w, b = matmul_operands(case, seed)
-    data = CaseData(case, a, weight=b, tol=_cases.tolerance(case, reference.TOLERANCE))
-    rows = _cases.sample_rows(case, check_limit)
-    if rows is not None:
-        data.rows = cupy.asarray(rows)
-    # W to the host as allocated, transposed there: B.get() of the nt view would first
-    # make a contiguous copy of W on the GPU
-    b_host = w.get().T if case.layout == "nt" else w.get()
-    data.ref = reference.matmul(host_rows(data, a), b_host)
-    return data
-
-
-def _prepare_scaled_matmul(case, seed, check_limit):
-    """x (M x K) and w (N x K) drawn N(0, 1), quantised by cupyops.quantize_fp8 with one
-    scale each (e4m3 bits as uint8, scales float32 0-d device arrays); every call gets
-    x, b = w.T (K x N, K-major: the layout torch._scaled_mm and the 8-bit wgmma need) and
-    the scales. The float64 reference is the product of the dequantised operands."""
-    import cupy
-
-    import cupyops
-
-    from .. import reference
-
-    M, N, K = case.shape
-    a, sa = cupyops.quantize_fp8(random_normal((M, K), "float32", seed))
-    w, sb = cupyops.quantize_fp8(random_normal((N, K), "float32", seed + 1))
-    data = CaseData(case, a, weight=w.T, scales=(sa, sb), tol=_cases.tolerance(case, reference.TOLERANCE))
-    rows = _cases.sample_rows(case, check_limit)
-    if rows is not None:
-        data.rows = cupy.asarray(rows)
-    data.ref = reference.scaled_matmul(host_rows(data, a), w.get().T, float(sa), float(sb))
-    return data
-
-
-def matmul_operands(case, seed):
-    """(A, W, B) of a matmul case: A M x K; W the second operand as allocated (nn: K x N,
-    nt: N x K); B the K x N operand every call gets, W itself (nn) or W.T (nt)."""
-    M, N, K = case.shape
-    a = random_normal((M, K), case.dtype, seed)
-    if case.layout == "nt":
-        w = random_normal((N, K), case.dtype, seed + 1)
-        return a, w, w.T
-    w = random_normal((K, N), case.dtype, seed + 1)
-    return a, w, w
-
-
-def _prepare_attention(case, seed, check_limit):
-    """q, k, v ("bshd", N(0, 1)) and the float64 reference of the sampled outputs. The
-    scale is the operator's default, 1/sqrt(head_dim), as SDPA's."""
-    from .. import reference
-
-    B, Hq, Hkv, Sq, Skv, D = case.shape
-    q = random_normal((B, Sq, Hq, D), case.dtype, seed)
-    k = random_normal((B, Skv, Hkv, D), case.dtype, seed + 1)
-    v = random_normal((B, Skv, Hkv, D), case.dtype, seed + 2)
-    smp = _cases.attention_sample(case, 0 if check_limit == 0 else _cases.ATTN_CHECK_ROWS)
-    data = CaseData(case, q, k=k, v=v, sample=smp,
-                    tol=_cases.tolerance(case, reference.TOLERANCE))
-    all_keys = np.arange(Skv, dtype=np.int64)
-    data.ref = reference_rows(
-        gather_bshd(q, smp.batches, smp.rows, smp.heads),
-        gather_bshd(k, smp.batches, all_keys, smp.kv_heads),
-        gather_bshd(v, smp.batches, all_keys, smp.kv_heads),
-        smp.rows, q_len=Sq, kv_index=smp.kv_index, causal=case.causal,
-        causal_align=case.causal_align, scale=1.0 / math.sqrt(D))
+        rows = _cases.sample_rows(case, check_limit)
+        if rows is not None:
+            data.rows = cupy.asarray(rows)
+    data.ref = spec.reference(data)
+    if data.rows is not None:  # compared as (rows checked, -1), as host_rows gathers results
+        n = len(data.rows)
+        data.ref = (tuple(r.reshape(n, -1) for r in data.ref) if isinstance(data.ref, tuple)
+                    else data.ref.reshape(n, -1))
     return data
 
 
@@ -299,28 +176,6 @@ def reference_rows(q, k, v, rows, *, q_len=None, kv_index=None, causal=False,
     return out
 
 
-def reference_output(case, x, weight=None, bias=None):
-    from .. import reference
-
-    if case.op == "trace":
-        return np.asarray(reference.trace(x))
-    if case.op == "sum":
-        return np.asarray(reference.sum(x, axis=case.axis))
-    if case.op == "max":
-        return np.asarray(reference.max(x, axis=case.axis))
-    if case.op == "softmax":
-        return reference.softmax(x, axis=-1)
-    if case.op == "layer_norm":
-        return reference.layer_norm(x, weight, bias, _cases.NORM_EPS["layer_norm"])[0]
-    if case.op == "rms_norm":
-        return reference.rms_norm(x, weight, _cases.NORM_EPS["rms_norm"])
-    if case.op == "silu_and_mul":
-        return reference.silu_and_mul(x)
-    if case.op == "gelu_and_mul":
-        return reference.gelu_and_mul(x, _cases.GELU_APPROXIMATE)
-    raise ValueError(f"unknown op {case.op!r}")
-
-
 def host_rows(data, a):
     """``a`` on the host: whole, or only the checked rows of its (rows, -1) view. The
     gather runs on raw bits (see _RAW)."""
@@ -344,7 +199,7 @@ def check(data, y):
     operator with several results (a tuple ``y``), the largest of theirs."""
     from .. import reference
 
-    if data.case.op == "attention":
+    if data.sample is not None:  # attention
         return reference.rel_error(attention_output_sample(data, y), data.ref)
     if isinstance(data.ref, tuple):
         if not isinstance(y, (tuple, list)) or len(y) != len(data.ref):
@@ -397,49 +252,14 @@ def count_poison(a):
     return int(cupy.count_nonzero(flat == np.iinfo(a.dtype).min))
 
 
+
+
 # ----------------------------------------------------------------------------------
 # the calls
 # ----------------------------------------------------------------------------------
 def cupyops_call(data, impl):
     """``call(out=None)`` running cupyops' ``impl`` on the case (trace takes no out=)."""
-    import cupyops
-
-    c, x, w, b = data.case, data.x, data.weight, data.bias
-    if c.op == "trace":
-        return lambda out=None: cupyops.trace(x, impl=impl)
-    if c.op == "sum":
-        return lambda out=None: cupyops.sum(x, axis=c.axis, out=out, impl=impl)
-    if c.op == "max":
-        return lambda out=None: cupyops.max(x, axis=c.axis, out=out, impl=impl)
-    if c.op == "softmax":
-        return lambda out=None: cupyops.softmax(x, axis=-1, out=out, impl=impl)
-    if c.op == "layer_norm":
-        eps = _cases.NORM_EPS["layer_norm"]
-        return lambda out=None: cupyops.layer_norm(x, w, b, eps=eps, out=out, impl=impl)
-    if c.op == "rms_norm":
-        eps = _cases.NORM_EPS["rms_norm"]
-        return lambda out=None: cupyops.rms_norm(x, w, eps=eps, out=out, impl=impl)
-    if c.op == "matmul":
-        return lambda out=None: cupyops.matmul(x, w, out=out, impl=impl)
-    if c.op == "scaled_matmul":
-        sa, sb = data.scales
-        return lambda out=None: cupyops.scaled_matmul(x, w, sa, sb, out=out, impl=impl)
-    if c.op == "attention":
-        k, v, causal, align = data.k, data.v, c.causal, c.causal_align
-        return lambda out=None: cupyops.attention(x, k, v, causal=causal, causal_align=align,
-                                                  out=out, impl=impl)
-    if c.op == "silu_and_mul":
-        return lambda out=None: cupyops.silu_and_mul(x, out=out, impl=impl)
-    if c.op == "gelu_and_mul":
-        approx = _cases.GELU_APPROXIMATE
-        return lambda out=None: cupyops.gelu_and_mul(x, approx, out=out, impl=impl)
-    if c.op == "add_rms_norm":  # out: a pair (normed, sum)
-        r, eps = data.residual, _cases.NORM_EPS["add_rms_norm"]
-        return lambda out=None: cupyops.add_rms_norm(x, r, w, eps, out=out, impl=impl)
-    if c.op == "rope":  # out: a pair (q, k)
-        k, pos = data.k, data.positions
-        return lambda out=None: cupyops.rope(x, k, pos, base=ROPE_BASE, out=out, impl=impl)
-    raise ValueError(f"unknown op {c.op!r}")
+    return data.case.spec.call(data, impl)
 
 
 class BaselineCall:
@@ -455,72 +275,19 @@ class BaselineCall:
 
 
 def baseline_call(data, name, torch=None):
-    """A no-argument callable running the vendor's version of the case."""
-    c = data.case
-    if name in _cases.SDPA_BACKENDS:
-        if c.op != "attention":
-            raise ValueError(f"{name} is an attention baseline, not one of {c.op}")
-        if torch is None:
-            raise RuntimeError("PyTorch with CUDA is not available")
-        return sdpa_call(data, name, torch)
-    if name == "cupy":
-        import cupy
-
-        x = data.x
-        if c.op == "trace":
-            return lambda: cupy.trace(x)
-        if c.op == "sum":
-            return lambda: cupy.sum(x, axis=c.axis)
-        if c.op == "max":
-            return lambda: cupy.max(x, axis=c.axis)
-        if c.op == "softmax":
-            from cupyx.scipy.special import softmax
-
-            return lambda: softmax(x, axis=-1)
-        if c.op == "matmul":
-            if c.dtype == "int8":  # NumPy semantics: int8 @ int8 -> int8, another product
-                raise TypeError("cupy.matmul of int8 returns int8 (no int32 accumulation)")
-            w = data.weight  # nt: the transposed view, the very array cupyops gets
-            return lambda: cupy.matmul(x, w)
-        raise ValueError(f"CuPy has no {c.op}")
-    if name == "torch":
-        if torch is None:
-            raise RuntimeError("PyTorch with CUDA is not available")
-        F = torch.nn.functional
-        t = data.torch_args(torch)
-        x, w, b, n = t["x"], t["weight"], t["bias"], c.cols
-        if c.op == "trace":
-            return lambda: torch.trace(x)
-        if c.op == "sum":
-            return (lambda: torch.sum(x)) if c.axis is None else (lambda: torch.sum(x, dim=-1))
-        if c.op == "max":
-            return (lambda: torch.amax(x)) if c.axis is None else (lambda: torch.amax(x, dim=-1))
-        if c.op == "softmax":
-            return lambda: torch.softmax(x, -1)
-        if c.op == "layer_norm":
-            eps = _cases.NORM_EPS["layer_norm"]
-            return lambda: F.layer_norm(x, (n,), w, b, eps)
-        if c.op == "rms_norm":
-            eps = _cases.NORM_EPS["rms_norm"]
-            return lambda: F.rms_norm(x, (n,), w, eps)
-        if c.op in _cases.FUSED_OPS:
-            return torch_composition(data, torch)
-        if c.op == "scaled_matmul":  # e4m3 x e4m3 -> bfloat16, per-tensor scales, b column-major
-            a8, b8 = x.view(torch.float8_e4m3fn), w.view(torch.float8_e4m3fn)
-            sa, sb = t["scales"]
-            return lambda: torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
-        if c.op == "matmul":
-            if c.dtype == "int8":  # int8 x int8 -> int32 (cuBLASLt); needs M > 16
-                # B in the case's layout, like every other impl. nn (row-major K x N) is
-                # not cuBLASLt's fast int8 layout (it measured 125-129 TOP/s on an H200):
-                # the "vs torch" of int8 nn cases is against that layout only. nt's view
-                # (A row-major, B column-major: the "TN" pairing of cuBLASLt's int8
-                # kernels) goes to cuBLASLt as a transposed operand (cublasCommonArgs in
-                # PyTorch's Blas.cpp); a torch that refuses it leaves the row skipped, its
-                # error the note (run_baseline).
-                return lambda: torch._int_mm(x, w)
-            return lambda: torch.matmul(x, w)  # nt: x @ w.T, as F.linear without bias
-    raise ValueError(f"unknown baseline {name!r}")
+    """A no-argument callable running the vendor's version of the case (the op's
+    description says which there are and how each is called)."""
+    op = data.case.op
+    make = operator(op).baselines.get(name)
+    if make is None and name in SDPA_BACKENDS:
+        raise ValueError(f"{name} is an attention baseline, not one of {op}")
+    if make is None and name == "cupy":
+        raise ValueError(f"CuPy has no {op}")
+    if name in _cases.BASELINE_NAMES and name != "cupy" and torch is None:
+        raise RuntimeError("PyTorch with CUDA is not available")
+    if make is None:
+        raise ValueError(f"unknown baseline {name!r}")
+    return make(data, torch)
 
 
 def validate_cupyops(data, call):
@@ -528,7 +295,7 @@ def validate_cupyops(data, call):
     y = call()
     y = tuple(as_cupy(r) for r in y) if isinstance(y, tuple) else as_cupy(y)
     err = check(data, y)
-    if data.case.op == "trace":  # scalar result, no out=
+    if not data.case.spec.takes_out:  # a scalar result (trace), no out=
         return err, (None if err <= data.tol else f"rel_error {err:.3g} > tol {data.tol:g}")
     out = tuple(poisoned_like(r) for r in y) if isinstance(y, tuple) else poisoned_like(y)
     del y  # its memory goes back to the pool before the out= call
@@ -590,7 +357,7 @@ def sdpa_call(data, name, torch):
     F = torch.nn.functional
     c = data.case
     _, Hq, Hkv, Sq, Skv, _ = c.shape
-    backend = getattr(SDPBackend, _cases.SDPA_BACKENDS[name])
+    backend = getattr(SDPBackend, SDPA_BACKENDS[name])
     context = lambda: sdpa_kernel(backend)  # noqa: E731
     t = data.torch_args(torch)
     q, k, v = (t[n].transpose(1, 2) for n in ("x", "k", "v"))  # [B, H, S, D] views
@@ -625,7 +392,7 @@ def sdpa_call(data, name, torch):
                 torch.cuda.current_stream().synchronize()
         except Exception as exc:
             refusals.append(_why_refused(exc, caught))
-            del args, kw, fn
+            args = kw = fn = None  # let a refused form's copies go
             continue
         if note:
             note = f"{note} (made before timing)"
@@ -635,37 +402,8 @@ def sdpa_call(data, name, torch):
 
 
 # ----------------------------------------------------------------------------------
-# the fused operators' baselines: the PyTorch eager compositions they replace
+# rope's baseline: the PyTorch eager code it replaces
 # ----------------------------------------------------------------------------------
-def torch_composition(data, torch):
-    """The PyTorch eager code a fused operator replaces, on the case's tensors:
-    silu_and_mul F.silu(a) * b; gelu_and_mul F.gelu(a, approximate=...) * b; add_rms_norm
-    r = x + residual, then F.rms_norm(r) (returns both); rope vLLM's forward_native (the
-    cache rows at the positions, each half of the rotated dims turned, q and k)."""
-    F = torch.nn.functional
-    c = data.case
-    t = data.torch_args(torch)
-    x = t["x"]
-    if c.op in ("silu_and_mul", "gelu_and_mul"):
-        d = x.shape[-1] // 2
-        if c.op == "silu_and_mul":
-            return lambda: F.silu(x[..., :d]) * x[..., d:]
-        approx = _cases.GELU_APPROXIMATE
-        return lambda: F.gelu(x[..., :d], approximate=approx) * x[..., d:]
-    if c.op == "add_rms_norm":
-        res, w, n, eps = t["residual"], t["weight"], c.cols, _cases.NORM_EPS["add_rms_norm"]
-
-        def add_rms_norm():
-            r = x + res
-            return F.rms_norm(r, (n,), w, eps), r
-
-        return add_rms_norm
-    if c.op == "rope":
-        k, positions, cache = t["k"], t["positions"], t["cos_sin_cache"]
-        return lambda: torch_rope(torch, x, k, positions, cache)
-    raise ValueError(f"no PyTorch composition for {c.op!r}")
-
-
 def torch_rope(torch, q, k, positions, cos_sin_cache, style="neox"):
     """Rotary embedding written in PyTorch (vLLM's RotaryEmbedding.forward_native): cos and
     sin gathered from the cache rows at the positions, the rotary dims (the cache's width)
