@@ -30,16 +30,15 @@ def compiled(request):
     return kf, _nvrtc.compile_file(filename, kf.name_expressions, arch, kf.extra_options)
 
 
-def test_every_instantiation_is_in_the_cubin(compiled):
+def test_compiles_clean(compiled):
+    # one test a (file, arch) compile, so that a parallel run (pytest -n) compiles each once
     kf, res = compiled
+    # every instantiation is in the cubin
     assert res.cubin_size > 0
     assert set(res.lowered) == set(kf.name_expressions)
     missing = [ne for ne in kf.name_expressions if res.lowered[ne] not in res.resources]
     assert not missing, f"ptxas reported nothing for {missing[:3]}"
-
-
-def test_no_spills(compiled):
-    kf, res = compiled
+    # no spills
     spilled = {
         ne: res.resources_of(ne)
         for ne in kf.name_expressions
@@ -47,12 +46,13 @@ def test_no_spills(compiled):
         or res.resources_of(ne).stack_bytes
     }
     assert not spilled, f"{kf.filename} {res.arch}: spills in {spilled}"
-
-
-def test_no_warnings(compiled):
-    _, res = compiled
+    # no warnings
     warnings = [ln for ln in res.log.splitlines() if "warning" in ln.lower()]
     assert not warnings, "\n".join(warnings)
+    # no wgmma serialisation: ptxas reports, as an info line (not a warning), when it must
+    # wait for wgmmas in flight because their accumulators are touched before
+    # wgmma.wait_group (C7515 ... C7517): the kernels would run serialised
+    assert "(C75" not in res.log, [ln for ln in res.log.splitlines() if "(C75" in ln]
 
 
 @pytest.mark.parametrize("dtype", _dtypes.FLOAT_TYPES)
@@ -116,11 +116,3 @@ def test_setmaxnreg_is_kept():
     res = _nvrtc.compile_file("gemm_wgmma.cu", names[:2], "sm_90a", kf.extra_options)
     assert "C7508" not in res.log and "setmaxnreg" not in res.log.lower(), res.log
     assert not [ln for ln in res.log.splitlines() if "warning" in ln.lower()], res.log
-
-
-def test_no_wgmma_serialisation(compiled):
-    # ptxas reports, as an info line (not a warning), when it must wait for wgmmas in
-    # flight because their accumulators are touched before wgmma.wait_group (C7515 ...
-    # C7517): the kernels would run serialised
-    _, res = compiled
-    assert "(C75" not in res.log, [ln for ln in res.log.splitlines() if "(C75" in ln]

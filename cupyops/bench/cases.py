@@ -628,11 +628,6 @@ def build_plan(cases, variants, requested=None, baselines=True, skip_slow=False,
 # ----------------------------------------------------------------------------------
 # the floor: bytes that must move, and the work
 # ----------------------------------------------------------------------------------
-def result_itemsize(op, dtype):
-    """Bytes per output element. Integer sums and traces widen to int64 as in NumPy."""
-    return operator(op).result_itemsize(dtype)
-
-
 def bytes_moved(case):
     """Each input read once, each output written once (the op's description counts them)."""
     return case.spec.bytes_moved(case)

@@ -4,7 +4,7 @@ An ``Operator`` says everything ``cupyops-bench`` and the tests need to know abo
 operator: its dtypes, how its case's inputs are made, its float64 reference (from
 ``cupyops.reference``), how a cupyops rung is called, its vendor baselines, the bytes it
 must move and the flops it does, and the tolerance its error is judged by. The generic code
-reads these fields and never tests an operator's name: ``cases`` (options, suites, the plan,
+reads these fields and does not test an operator's name (the suite tables aside): ``cases`` (options, suites, the plan,
 bytes and flops), ``runners`` (inputs, calls, validation), ``cli`` and ``report``; so do
 tests/test_operators.py (every description complete and consistent) and
 tests/test_gpu_operators.py (every rung x every dtype against the reference).
@@ -640,6 +640,7 @@ ATTENTION = Operator(
     bytes_moved=_attention_bytes, flops=_attention_flops,
     # prefill is compute-bound: its Q+K+V+O bytes are a tiny floor
     reports_bandwidth=lambda case: case.decode,
+    # (slow_limit only has to be set: attention_skip is its own rule, with its own limits)
     axes=(None,), row_wise=False, slow_limit=GEMM_SLOW_LIMIT, slow_reason=attention_skip,
     shape_help="named dimensions, e.g. B4xHq16xHkv16xSq4096xSkv4096xD128",
     header_lines=(

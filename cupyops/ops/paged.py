@@ -124,9 +124,9 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     packed K/V arrays, then runs ``attention_varlen``'s auto rung: a copy of the keys and
     values the call reads (memory: ``batch * max_pages * page_size`` rows of K and of V
     where seq_lens is on the GPU, the lengths' sum where it is a NumPy array, and 256
-    more), small beside the prefill's arithmetic. ``max_seqlen_q``: the longest query chunk; given, with
-    GPU-resident offsets, nothing is read on the host (else the offsets are read and
-    checked, a synchronisation). float16, bfloat16 and float32."""
+    more), small beside the prefill's arithmetic. ``max_seqlen_q``: the longest query
+    chunk; given, with GPU-resident offsets, nothing is read on the host (else the offsets
+    are read and checked, a synchronisation). float16, bfloat16 and float32."""
     if cu_seqlens_q is not None:
         return _paged_prefill(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, causal, scale,
                               window, softcap, return_lse, out, impl)
