@@ -1,6 +1,7 @@
 // attention_decode.cu: the `decode` rung of attention (split-KV, "flash-decoding"), for
 // q_len 1..16 against a long KV sequence, contiguous or in a paged cache (and the paged
-// cache's writer, kv_cache_append, and the public two-state merge). kernels/
+// cache's writer, kv_cache_append, its reader for packed prefill, kv_cache_gather, and the
+// public two-state merge). kernels/
 // attention_common.cuh has the contract; cupyops/ops/_attention_decode.py computes the
 // launches described here.
 //
@@ -109,9 +110,10 @@
 // its sequence's end loads nothing and leaves the no-key state (LSE -inf), which the
 // merge skips. Grid, block, shared memory and workspace as attention_decode's;
 // instantiated for fp16/bf16 (cupyops/ops/_attention_decode.py PAGED_DTYPES says why).
-// attention_merge_states<T> (cupyops.merge_attention_states) and kv_cache_append<T>
-// (cupyops.kv_cache_append, the writer of the layout the paged kernel reads): one thread a
-// 16-byte chunk, 128 threads a block; see each kernel.
+// attention_merge_states<T> (cupyops.merge_attention_states), kv_cache_append<T>
+// (cupyops.kv_cache_append, the writer of the layout the paged kernel reads) and
+// kv_cache_gather<T> (attention_paged's packed prefill: pages into packed K/V): one thread
+// a 16-byte chunk, 128 threads a block; see each kernel.
 #include "attention_common.cuh"
 #include "ptx.cuh"
 

@@ -21,8 +21,9 @@ The same file serves cupyops.attention_paged (cupyops/ops/paged.py):
 ``attention_decode_paged<T, DT, RT, STAGES>`` is that kernel with its K/V rows found through
 a page table, planned by ``plan(..., paged=True)`` for the table's capacity (or a left
 window's span, each sequence's splits starting at its own window) and launched by
-``launch_paged``; and the paged cache's two helpers, ``kv_cache_append<T>`` and
-``attention_merge_states<T>`` (``append_launches``, ``merge_states_launches``).
+``launch_paged``; and the paged cache's helpers, ``kv_cache_append<T>``,
+``attention_merge_states<T>`` and ``kv_cache_gather<T>`` (attention_paged's packed prefill)
+(``append_launches``, ``merge_states_launches``, ``gather_launches``).
 """
 import dataclasses
 
