@@ -1,8 +1,8 @@
 """GPU tier: cupyops.models.llama against Hugging Face transformers on the same random
 weights (a LlamaForCausalLM built from a small config, saved with save_pretrained, loaded
-by both): prefill logits, 32 greedy decode steps over the paged KV cache, a batch of
-prompts of different lengths, page sizes 16 and 128. Skipped where transformers or a GPU
-is absent."""
+by both; and a MistralForCausalLM with a sliding window shorter than the prompts): prefill
+logits, 32 greedy decode steps over the paged KV cache, a batch of prompts of different
+lengths, page sizes 16 and 128. Skipped where transformers or a GPU is absent."""
 import numpy as np
 import pytest
 
@@ -21,6 +21,10 @@ CONFIGS = {
                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
                  rope_theta=500000.0),
+    # Mistral: a sliding window of 8 keys, shorter than three of the four prompts and than
+    # the decode steps, so that every prefill and decode call masks
+    "mistral_w8": dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                       sliding_window=8),
 }
 PROMPT_LENS = (5, 17, 64, 33)  # four prompts of different lengths, one batch
 STEPS = 32
@@ -34,21 +38,24 @@ def checkpoint(request, tmp_path_factory):
     a buffer, to bfloat16: 0.1 rad off by position 300), with a larger init than the
     default so that the logits are further from ties."""
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=2048, intermediate_size=2816, num_hidden_layers=4,
-                                   max_position_embeddings=512, initializer_range=0.06, rms_norm_eps=1e-5,
-                                   torch_dtype="bfloat16", **CONFIGS[request.param])
+    mistral = request.param.startswith("mistral")
+    config_cls = transformers.MistralConfig if mistral else transformers.LlamaConfig
+    model_cls = transformers.MistralForCausalLM if mistral else transformers.LlamaForCausalLM
+    cfg = config_cls(vocab_size=2048, intermediate_size=2816, num_hidden_layers=4, max_position_embeddings=512,
+                     initializer_range=0.06, rms_norm_eps=1e-5, torch_dtype="bfloat16", **CONFIGS[request.param])
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
-        model = transformers.LlamaForCausalLM(cfg)
+        model = model_cls(cfg)
     finally:
         torch.set_default_dtype(old)
     path = tmp_path_factory.mktemp(f"llama_{request.param}")
     model.save_pretrained(path, safe_serialization=True)
-    hf = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    hf = model_cls.from_pretrained(path, dtype=torch.bfloat16)
     assert hf.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert getattr(hf.config, "sliding_window", None) == CONFIGS[request.param].get("sliding_window")
     # the referee: the same (bf16-valued) weights computed in float32
-    exact = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
+    exact = model_cls.from_pretrained(path, dtype=torch.float32)
     return hf.cuda().eval(), str(path), exact.cuda().eval()
 
 

@@ -28,10 +28,21 @@ def test_config_reads_transformers_5_rope_parameters():
     assert plain.rope_theta == 1e6 and plain.rope_scaling is None
 
 
+def test_config_reads_a_sliding_window():
+    # Mistral's: each token sees itself and the sliding_window - 1 tokens before it
+    cfg = llama.LlamaConfig.from_dict({**BASE, "sliding_window": 4096})
+    assert cfg.sliding_window == 4096 and cfg.window == (4095, 0)
+    for off in ({}, {"sliding_window": None}, {"sliding_window": 4096, "use_sliding_window": False}):
+        cfg = llama.LlamaConfig.from_dict({**BASE, **off})
+        assert cfg.sliding_window is None and cfg.window is None
+
+
 @pytest.mark.parametrize("extra, match", [
     ({"attention_bias": True}, "attention_bias"),
     ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"sliding_window": 4096}, "sliding_window"),
+    ({"sliding_window": 0}, "sliding_window must be a positive int"),
+    ({"sliding_window": 4096.0}, "sliding_window must be a positive int"),
+    ({"sliding_window": 4096, "max_window_layers": 28}, "max_window_layers"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
     ({"torch_dtype": "int8"}, "torch_dtype"),
 ])

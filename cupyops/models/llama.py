@@ -1,6 +1,6 @@
-"""A Llama-architecture model (Llama 2/3, TinyLlama, Mistral-style GQA without sliding
-window) run on cupyops operators: prefill and decode over a paged KV cache, greedy and
-sampled generation.
+"""A Llama-architecture model (Llama 2/3, TinyLlama, Mistral with its sliding window) run
+on cupyops operators: prefill and decode over a paged KV cache, greedy and sampled
+generation.
 
     from cupyops.models import llama
     model = llama.Llama.from_pretrained("path/to/checkpoint")      # config.json + *.safetensors
@@ -15,6 +15,9 @@ cupyops operator, one decoder layer being
     kv_cache_append(k_cache, v_cache, k, v, block_table, ...)   (the new tokens' pages)
     a           = attention_varlen(q, k, v, cu_seqlens, ...)   (prefill, the prompts packed)
                   attention_paged(q, k_cache, v_cache, ...)     (decode)
+                  (with window=(sliding_window - 1, 0) where the config has one: each
+                  token sees itself and the sliding_window - 1 before it, as transformers'
+                  Mistral; the cache keeps every token)
     x, residual = add_rms_norm(matmul(a, W_o.T), residual, post_attention_layernorm)
     x           = matmul(silu_and_mul(matmul(x, W_gate_up.T)), W_down.T)
 
@@ -61,6 +64,7 @@ class LlamaConfig:
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     dtype: str = "bfloat16"
+    sliding_window: int = None  # keys a token sees, itself included (Mistral); None: all
 
     @classmethod
     def from_dict(cls, d):
@@ -71,8 +75,12 @@ class LlamaConfig:
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"config: hidden_act {act!r} is not supported (Llama uses 'silu')")
-        if d.get("sliding_window"):
-            raise ValueError("config: sliding_window attention is not supported yet")
+        window = d.get("sliding_window") if d.get("use_sliding_window", True) else None  # (Qwen2's switch)
+        if window is not None and (isinstance(window, bool) or not isinstance(window, numbers.Integral)
+                                   or window < 1):
+            raise ValueError(f"config: sliding_window must be a positive int or null, got {window!r}")
+        if d.get("max_window_layers") is not None and window is not None:
+            raise ValueError("config: max_window_layers (a window on some layers only) is not supported")
         # (transformers 5 writes rope_theta and the scaling together as rope_parameters)
         params = d.get("rope_parameters") or {}
         theta = d.get("rope_theta", params.get("rope_theta", 10000.0))
@@ -94,7 +102,13 @@ class LlamaConfig:
             head_dim=d.get("head_dim") or d["hidden_size"] // heads, rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta), rope_scaling=scaling,
             max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), dtype=dtype)
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), dtype=dtype,
+            sliding_window=None if window is None else int(window))
+
+    @property
+    def window(self):
+        """The attention operators' window=: (sliding_window - 1, 0), or None."""
+        return None if self.sliding_window is None else (self.sliding_window - 1, 0)
 
 
 # ------------------------------------------------------------------------- weights
@@ -293,8 +307,9 @@ class Llama:
         token_table = table[cp.asarray(np.repeat(np.arange(first, first + len(lens)), lens))]
         # the offsets on the GPU where attention_varlen runs its flash3 kernel (which reads them
         # there), else on the host, where its per_sequence rung reads them: no read back a layer
+        # (flash3 takes no sliding window)
         flash3 = self.cfg.dtype != "float32" and self.cfg.head_dim in _attention_flash3.HEAD_DIMS and \
-            _attention_flash3.runs_here(_launch.device_props())
+            self.cfg.window is None and _attention_flash3.runs_here(_launch.device_props())
         cu = cp.asarray(starts) if flash3 else starts
         longest = max(lens)
         a = cp.empty((len(ids), self.cfg.num_attention_heads, self.cfg.head_dim), self.w["embed"].dtype)
@@ -303,7 +318,8 @@ class Llama:
             cupyops.kv_cache_append(cache.k[layer], cache.v[layer], k[:, None], v[:, None], token_table, positions)
             # every prompt in one call, packed (each sees only its own tokens); out= a buffer
             # every row of which is written (no zero fill)
-            cupyops.attention_varlen(q, k, v, cu, cu, max_seqlen_q=longest, max_seqlen_k=longest, causal=True, out=a)
+            cupyops.attention_varlen(q, k, v, cu, cu, max_seqlen_q=longest, max_seqlen_k=longest, causal=True,
+                                     window=self.cfg.window, out=a)
             return a.reshape(q.shape[0], -1)
 
         h = self._layers(self._embed(ids), positions, attend)
@@ -335,7 +351,8 @@ class Llama:
 
         def attend(layer, q, k, v):
             cupyops.kv_cache_append(cache.k[layer], cache.v[layer], k[:, None], v[:, None], table, positions)
-            a = cupyops.attention_paged(q[:, None], cache.k[layer], cache.v[layer], table, seq_lens)
+            a = cupyops.attention_paged(q[:, None], cache.k[layer], cache.v[layer], table, seq_lens,
+                                        window=cfg.window)
             return a.reshape(b, cfg.num_attention_heads * cfg.head_dim)
 
         h = self._layers(self._embed(ids), positions, attend)
