@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cupyops.bench import cases, cli, report
+from host_cupy import HostArray, host_normal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -1271,20 +1272,6 @@ def test_summarize_matmul_layouts(tmp_path):
 
 
 # --- the operands each impl gets, on the host: NumPy arrays stand in for CuPy's
-class HostArray(np.ndarray):
-    """A NumPy array with CuPy's .get()."""
-
-    def get(self):
-        return np.array(self)
-
-
-def host_normal(shape, dtype, seed):
-    rng = np.random.default_rng(seed)
-    if dtype == "int8":
-        return rng.integers(-128, 128, size=shape, dtype=np.int8).view(HostArray)
-    return rng.standard_normal(shape).astype(dtype).view(HostArray)
-
-
 def fake_matmul_gpu(monkeypatch):
     """runners' matmul path on the host: inputs from host_normal, a fake cupy module, and
     cupyops.matmul, cupy.matmul, torch.matmul and torch._int_mm that record their operands

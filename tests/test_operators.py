@@ -19,6 +19,7 @@ import pytest
 import cupyops
 from cupyops import _dtypes, reference
 from cupyops.bench import cases, cli, runners
+from host_cupy import HostArray, host_normal
 from cupyops.bench.operators import ITEMSIZE, LAYOUTS, OPERATORS, AttnShape
 
 FAMILIES = ("array", "gemm", "attention")
@@ -90,21 +91,6 @@ def test_quick_suite_and_test_shapes_count_positive_bytes_and_flops():
 # ------------------------------------------------------------------------------------------
 # the descriptions' inputs, reference and calls, with NumPy standing in for CuPy
 # ------------------------------------------------------------------------------------------
-class HostArray(np.ndarray):
-    """A NumPy array with CuPy's .get()."""
-
-    def get(self):
-        return np.array(self)
-
-
-def host_normal(shape, dtype, seed):
-    """runners.random_normal on the host: N(0, 1) floats, integers in their range."""
-    rng = np.random.default_rng(seed)
-    if dtype in ("int8", "int32", "int64"):
-        return rng.integers(-100, 100, size=shape).astype(dtype).view(HostArray)
-    return rng.standard_normal(shape).astype(_dtypes.to_dtype(dtype)).view(HostArray)
-
-
 class HostRandomState:
     def __init__(self, seed):
         self.rs = np.random.RandomState(seed)
