@@ -198,15 +198,17 @@ def row_errors(got, ref, axis=-1):
     return np.where((nan_g != nan_r).any(axis=1), np.inf, err)
 
 
-def assert_rows_match(got, ref, dtype, axis=-1, what=""):
+def assert_rows_match(got, ref, dtype, axis=-1, what="", row_cond=0.0):
     """softmax / norms: the whole array and every row within TOLERANCE["norm"] (a row is
-    checked on its own, so one large row cannot hide an error in a small one)."""
+    checked on its own, so one large row cannot hide an error in a small one). ``row_cond``:
+    each row's own relative error no float32 computation avoids (layer_norm's x - mean of a
+    row whose mean is far larger than its spread), added to its tolerance."""
     tol = reference.TOLERANCE["norm"][dtype]
-    assert_matches(got, ref, dtype, tol=tol, what=what)
+    assert_matches(got, ref, dtype, tol=tol + float(np.max(row_cond, initial=0.0)), what=what)
     with np.errstate(over="ignore", invalid="ignore"):
         floor = np.nan_to_num(row_errors(np.asarray(ref, np.float64).astype(dt(dtype)), ref, axis), posinf=0.0)
     err = row_errors(got, ref, axis)
-    bad = ~(err <= tol + floor)
+    bad = ~(err <= tol + floor + np.ravel(row_cond))
     assert not bad.any(), f"{what}: {int(bad.sum())} rows off, worst rel error {err.max():.3g} (tol {tol:g})"
 
 
@@ -316,15 +318,23 @@ def run_layer_norm(impl, dtype, values, rng, mode="cupy", weight=True, bias=True
     b, bx = (b, bx) if bias else (None, None)
     y_ref, mean_ref, rstd_ref = reference.layer_norm(values, w, b, eps)
     what = f"layer_norm[{impl}] {dtype} {values.shape} w={weight} b={bias} eps={eps} {mode}"
+    # x - mean in float32 carries two roundings of |mean| (the mean's, the subtraction's)
+    # against the row's spread: rows of a few close values are that ill-conditioned
+    # whatever the kernel (Hypothesis found two values whose row came out 1.1e-5 off; a
+    # NumPy float32 emulation of the two-pass sums over 2e5 such pairs stays within a
+    # quarter of this allowance)
+    std = np.std(np.asarray(values, np.float64), axis=-1)
+    mean_abs = np.abs(np.asarray(mean_ref, np.float64))
+    cond = 2 * np.finfo(np.float32).eps * np.divide(mean_abs, std, out=np.zeros_like(std), where=std > 0)
     x = place(values, mode)
     for res in plain_and_poisoned(lambda x, **o: cupyops.layer_norm(x, wx, bx, eps, impl=impl, **o),
                                   x, values.shape, dtype, mode):
-        assert_rows_match(res, y_ref, dtype, what=what)
+        assert_rows_match(res, y_ref, dtype, what=what, row_cond=cond)
     out = poisoned(values.shape, dtype, mode)
     poison_pool(values.shape[:-1], "float32")  # last: the statistics get these blocks
     y, mean, rstd = cupyops.layer_norm(x, wx, bx, eps, return_stats=True, out=out, impl=impl)
     assert y is out
-    assert_rows_match(y, y_ref, dtype, what=what + " (return_stats)")
+    assert_rows_match(y, y_ref, dtype, what=what + " (return_stats)", row_cond=cond)
     assert_stats(mean, rstd, mean_ref, rstd_ref, values, dtype, mode, what)
 
 
