@@ -270,18 +270,14 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, causal=True, sca
     sequence zeros (LSE -inf)."""
     q = _f64(q)
     lens = _host(seq_lens)
-    if cu_seqlens_q is not None:
-        cq = _host(cu_seqlens_q).astype(np.int64)
-        out = np.zeros(q.shape)
-        lse = np.full((q.shape[1], q.shape[0]), -np.inf)
-        for b in range(len(cq) - 1):
-            if cq[b + 1] == cq[b]:
-                continue
-            k, v = paged_kv(k_cache, v_cache, block_table, lens[b], b)
-            o, l_b = attention(q[cq[b]:cq[b + 1]][None], k[None], v[None], causal=causal, causal_align="bottom_right",
-                               scale=scale, return_lse=True, window=window, softcap=softcap)
-            out[cq[b]:cq[b + 1]], lse[:, cq[b]:cq[b + 1]] = o[0], l_b[0]
-        return (out, lse) if return_lse else out
+    if cu_seqlens_q is not None:  # every sequence's pages packed, then attention_varlen
+        kv = [paged_kv(k_cache, v_cache, block_table, lens[b], b) for b in range(len(lens))]
+        empty = np.zeros((0,) + tuple(k_cache.shape[2:]))
+        k = np.concatenate([empty] + [kb for kb, _ in kv])
+        v = np.concatenate([empty] + [vb for _, vb in kv])
+        cu_k = np.concatenate([[0], np.cumsum(np.asarray(lens, np.int64))])
+        return attention_varlen(q, k, v, cu_seqlens_q, cu_k, causal=causal, causal_align="bottom_right", scale=scale,
+                                return_lse=return_lse, window=window, softcap=softcap)
     outs, lses = [], []
     for b in range(q.shape[0]):
         k, v = paged_kv(k_cache, v_cache, block_table, lens[b], b)

@@ -462,13 +462,14 @@ def launch_paged(pp):
     _fast.launch_checked(*paged_launches(pp))
 
 
-def _chunk_grid(items, itemsize, D):
+def _chunk_grid(items, itemsize, D, what=None):
     """Blocks of THREADS threads, one thread a 16-byte chunk of each of ``items`` rows of D
-    elements (kv_cache_append, attention_merge_states)."""
+    elements (kv_cache_append, attention_merge_states, kv_cache_gather a sequence);
+    ``what``: the rows' description in the error past the grid limit."""
     chunks = items * _launch.cdiv(D, 16 // itemsize)
     blocks = _launch.cdiv(chunks, THREADS)
     if blocks > _MAX_GRID_X:
-        raise ValueError(f"{items} rows of head_dim {D} exceed the grid limit ({blocks} blocks)")
+        raise ValueError(f"{what or f'{items} rows of head_dim {D}'} exceed the grid limit ({blocks} blocks)")
     return (max(1, blocks), 1, 1)
 
 
@@ -498,11 +499,9 @@ def gather_launches(dtype, k_cache, v_cache, k_out, v_out, cu_k, block_table, se
     table's row stride."""
     B, H, D, rows, num_pages, max_pages = dims
     i32, i64 = np.int32, np.int64
-    chunks = ((max_pages << page_shift) + GATHER_TAIL_ROWS) * H * _launch.cdiv(D, 16 // _dtypes.itemsize(dtype))
-    grid = (max(1, _launch.cdiv(chunks, THREADS)), B, 1)
-    if grid[0] > _MAX_GRID_X:
-        raise ValueError(f"block_table: {max_pages} pages of {1 << page_shift} keys, {H} heads of {D} exceed the "
-                         f"grid limit ({grid[0]} blocks a sequence)")
+    blocks, _, _ = _chunk_grid(((max_pages << page_shift) + GATHER_TAIL_ROWS) * H, _dtypes.itemsize(dtype), D,
+                               f"block_table: {max_pages} pages of {1 << page_shift} keys, {H} heads of {D}")
+    grid = (blocks, B, 1)
     args = (k_cache, v_cache, k_out, v_out, cu_k, block_table, seq_lens, i32(H), i32(D), i64(rows),
             *(i64(s) for s in strides), i32(page_shift), i32(num_pages), i32(max_pages), i32(GATHER_TAIL_ROWS))
     return [(KERNELS.function(_gather_name(dtype)), grid, (THREADS, 1, 1), 0, args)], ()

@@ -154,9 +154,7 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     masks = check_masks(window, softcap, causal, Sq + capacity)
     return_lse = _flag(return_lse, "return_lse")
     _arrays.check_impl(impl, VARIANTS["attention_paged"], "attention_paged")
-    out = _arrays.check_out(out, q, q.shape, q.dtype)
-    _arrays.check_no_overlap("out", out, [("k_cache", k_cache), ("v_cache", v_cache),
-                                          ("block_table", block_table), ("seq_lens", seq_lens)])
+    out = _check_out(out, q, k_cache, v_cache, block_table, seq_lens)
     host = not _arrays.is_cupy(q)
     if host:
         _check_host_pages(block_table, seq_lens, None, P, num_pages, "seq_lens")
@@ -193,6 +191,14 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     return result, _arrays.finish(lse, None, call)
 
 
+def _check_out(out, q, k_cache, v_cache, block_table, seq_lens):
+    """out= checked: q's shape and dtype, sharing no memory with the other operands."""
+    out = _arrays.check_out(out, q, q.shape, q.dtype)
+    _arrays.check_no_overlap("out", out, [("k_cache", k_cache), ("v_cache", v_cache),
+                                          ("block_table", block_table), ("seq_lens", seq_lens)])
+    return out
+
+
 def _check_heads(q, D, Hq, Hkv):
     if not 1 <= D <= MAX_HEAD_DIM:
         raise ValueError(f"q: head_dim must be in 1..{MAX_HEAD_DIM}, got {D} (shape {tuple(q.shape)})")
@@ -226,9 +232,7 @@ def _paged_prefill(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max
     if impl not in ("auto", "gather"):
         raise ValueError(f"impl: {impl!r} takes q [batch, q_len, q_heads, head_dim] without cu_seqlens_q; packed "
                          "chunked prefill runs 'gather'")
-    out = _arrays.check_out(out, q, q.shape, q.dtype)
-    _arrays.check_no_overlap("out", out, [("k_cache", k_cache), ("v_cache", v_cache),
-                                          ("block_table", block_table), ("seq_lens", seq_lens)])
+    out = _check_out(out, q, k_cache, v_cache, block_table, seq_lens)
     host = not _arrays.is_cupy(q)
     if not _arrays.is_cupy(cu_q):  # (host offsets: checked here, before anything runs)
         varlen.host_offsets(cu_q, "cu_seqlens_q", total_q, max_q, "max_seqlen_q")
@@ -248,7 +252,7 @@ def _paged_prefill(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max
     cp = _arrays.cupy_module()
     kp = cp.empty((rows, Hkv, D), k_cache.dtype)
     vp = cp.empty((rows, Hkv, D), k_cache.dtype)
-    cu_kd = cp.zeros((B + 1,), np.int32)
+    cu_kd = cp.empty((B + 1,), np.int32) if B else cp.zeros((1,), np.int32)  # (the gather writes every entry)
     if B:
         kc, vc, btd, sld = ((_arrays.to_device(x, call) for x in (k_cache, v_cache, block_table, seq_lens)) if host
                             else (k_cache, v_cache, addressable(block_table), addressable(seq_lens)))
