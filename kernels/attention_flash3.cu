@@ -1,6 +1,7 @@
 // attention_flash3.cu: FlashAttention on Hopper's warpgroup tensor-core instructions
 // (sm_90a), float16 / bfloat16, under the contract of attention_common.cuh (ATTN_PARAMS:
-// strided Q/K/V/O, GQA, both causal alignments, optional LSE).
+// strided Q/K/V/O, GQA, both causal alignments, sliding windows, logit soft-capping,
+// optional LSE).
 //
 // Why a new rung: attention_flash.cu (FlashAttention-2 on mma.sync) brings every K and V
 // fragment through registers with ldmatrix; on an H100 it runs at 0.57-0.72x of cuDNN's
@@ -32,8 +33,21 @@
 //       PINGPONG OVERLAP, and the consumer warpgroups take turns issuing their wgmmas
 //                (a named barrier each, round the consumers), so that one's softmax runs
 //                while another's GEMMs use the tensor cores;
-//   - causal: K/V tiles past a work tile's last visible key are never loaded, and only
-//     tiles that reach past a row's last visible key (or the end of K) pay for the mask;
+//   - masks (causal, the sliding window win_left / win_right, each row's keys
+//     [attn::first_key, attn::key_end)): a work tile runs the K/V tiles from the one
+//     holding its first row's first key to the one holding its last row's last key
+//     (kv_range, which producer and consumers both call, so they agree on the tiles and
+//     the ring's phases): tiles outside every row's keys are never loaded nor multiplied,
+//     and the work of a windowed tile is the window's, not the sequence's. Only tiles
+//     that some thread's row does not see whole (across the window's left edge, past the
+//     causal limit, the window's right edge or the end of K) pay for the element-wise
+//     -inf mask; a warpgroup of a 192-row tile may run tiles that its own rows do not see
+//     at all (all masked: no weight). A row that sees no key keeps m = -inf and l = 0:
+//     zeros in O, -inf in its LSE;
+//   - no soft cap (softcap must be 0; the launcher refuses others): capping every score
+//     in the consumers' softmax, even behind a uniform branch never taken, made the
+//     uncapped kernel 3-5 % slower at head_dim 64 (three consumer warpgroups at 160
+//     registers) and ~1 % at 128 (NOTES 96), so capped calls run another rung;
 //   - work tiles go round robin to the blocks (WorkTiles: longest first under a causal
 //     mask, heads in groups whose K and V stay in L2); in a persistent grid the producer
 //     loads the next tile's Q and K/V while the consumers finish the last P V and the
@@ -51,16 +65,20 @@
 // S = Q K^T stops at 96, and P V's extra columns (zeros) are not written.
 //
 // Launch geometry (cupyops/ops/_attention_flash3.py computes the same numbers):
-//   attention_flash3<T, HD, BC, STAGES, SCHED, NC> (HD = head_dim: 64, 96, 128 or 256):
+//   attention_flash3<T, HD, BC, STAGES, SCHED, NC, WIN> (HD = head_dim: 64, 96, 128 or 256;
+//   WIN: launched with a sliding window):
 //   block 128 (NC + 1); 1-D grid of one block an SM (persistent) or one a work tile
 //   (cdiv(Sq, BR) * Hq * B tiles, BR = 64 NC, WorkTiles); dynamic shared memory QSTAGES *
 //   BR * DPAD * 2 + STAGES * 2 * BC * DPAD * 2 + 1 KB (alignment) + 32 * STAGES + 16 *
 //   QSTAGES (DPAD: D rounded up to 64). Tensor maps of Q, K, V: 4-D (D, rows, heads, batch)
 //   of 16-bit elements with the 128-byte swizzle, boxes (64, 64, 1, 1) for Q, (64, BC, 1, 1)
 //   for K and V. Needs 16-byte aligned tensors with strides that are multiples of 16 bytes
-//   (the launcher checks). head_group: WorkTiles' group. cu_q, cu_k, total_q, total_k,
-//   bottom_right: packed sequences (SeqView; null cu_q: a padded batch), where Sq and Skv
-//   are the longest sequence's lengths and the maps' rows the packed tokens (batch 1).
+//   (the launcher checks). causal, causal_offset, win_left, win_right, softcap: as
+//   attention_common.cuh has them, in any combination (for packed sequences each
+//   sequence's offset replaces causal_offset, SeqView). head_group: WorkTiles' group. cu_q,
+//   cu_k, total_q, total_k, bottom_right: packed sequences (SeqView; null cu_q: a padded
+//   batch), where Sq and Skv are the longest sequence's lengths and the maps' rows the
+//   packed tokens (batch 1).
 #include "attention_common.cuh"
 #include "gemm_sm90.cuh"
 
@@ -109,13 +127,22 @@ template <typename L, int STAGES> struct QStages {
         2 * L::Q_BYTES + STAGES * 2 * L::KV_BYTES + 1024 + 32 * STAGES + 32 <= 227 * 1024 ? 2 : 1;
 };
 
-// The K/V tiles of the work tile of query rows [q0, q0 + BR): what its last row sees (none
-// for a tile past the end of its sequence, which packed sequences have).
+// The K/V tiles [j0, j0 + n) of the work tile of query rows [q0, q0 + BR); returns n
+// (0: no key to see, and for a tile past the end of its sequence, which packed sequences
+// have). A row's first key (attn::first_key) and its key_end do not decrease with the
+// row, so every row's keys lie in [first key of the first row, key_end of the last):
+// the tiles from the one holding the first to the one holding the last. The producer and
+// the consumers both take the range from here, so they agree on it exactly.
 template <int BC, int BR>
-__device__ __forceinline__ int kv_tiles(int q0, int Sq, int Skv, int causal, int causal_offset) {
+__device__ __forceinline__ int kv_range(int q0, int Sq, int Skv, int causal, int causal_offset, int win_left,
+                                        int win_right, int& j0) {
+    j0 = 0;
     if (q0 >= Sq) return 0;
-    const int keys = attn::visible_keys(min(q0 + BR, Sq) - 1, Skv, causal, causal_offset);
-    return keys > 0 ? (keys + BC - 1) / BC : 0;
+    const int end = attn::key_end(min(q0 + BR, Sq) - 1, Skv, causal, causal_offset, win_right);
+    const int first = attn::first_key(q0, win_left, causal_offset);
+    if (end <= first) return 0;
+    j0 = first / BC;
+    return (end + BC - 1) / BC - j0;
 }
 
 // The work of a launch: a tile of BR query rows of one (head, batch element), qtiles x
@@ -144,11 +171,11 @@ template <int BR> struct WorkTiles {
 // Where batch element b's sequence lies. Padded batches (cu_q null): Sq query rows and Skv
 // keys each, batch coordinate b, the launch's causal offset. Packed sequences (attention_varlen:
 // cu_q, cu_k int32 [B + 1]): element b is query rows [cu_q[b], cu_q[b + 1]) of a Q of
-// total_q rows and keys [cu_k[b], cu_k[b + 1]) of total_k, batch coordinate 0, its causal
-// offset 0 (top_left) or Skv - Sq (bottom_right), its LSE rows h * total_q + q_row + i. The
-// offsets are clamped into the tensors and the lengths to the launch's Sq and Skv (values
-// on the GPU are not checked on the host: a bad one shortens its sequence, never addresses
-// out of bounds).
+// total_q rows and keys [cu_k[b], cu_k[b + 1]) of total_k, batch coordinate 0, its own
+// offset (of the causal mask and the window alike) 0 (top_left) or Skv - Sq (bottom_right),
+// its LSE rows h * total_q + q_row + i. The offsets are clamped into the tensors and the
+// lengths to the launch's Sq and Skv (values on the GPU are not checked on the host: a bad
+// one shortens its sequence, never addresses out of bounds).
 struct SeqView {
     int Sq, Skv, offset, q_row, k_row, b;
     i64 lse_row;
@@ -192,7 +219,10 @@ template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
     typedef Layout<HD, BC, BR> L;
     unsigned q_tile, k_ring, v_ring;
     float scale2;  // scale * log2(e)
-    int vis[2], vis_min;  // keys each of the thread's two rows sees, and the fewer
+    // The keys each of the thread's two rows sees, [lo, hi), counted from the work tile's
+    // first K/V tile (kv_range's j0): row r0 + 8 (hh = 1) never sees a key before row r0's
+    // first, nor stops before row r0's last, so lo[1] and hi[0] bound both rows.
+    int lo[2], hi[2];
     float o[L::DPAD / 2];
     float m[2], l[2];
 
@@ -230,23 +260,42 @@ template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
         for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);
     }
 
-    // The online softmax of tile j in base 2, in place (S -> P): keys past what a row sees
-    // (its causal limit, or the end of K) weigh nothing; alpha is what O (accumulated against
-    // the old m) must be multiplied by. m moves to the tile's max only when that is more than
+    // The online softmax of the work tile's K/V tile j in base 2, in place (S -> P). Keys
+    // outside what a row sees (left of its window; past its causal limit, its window's
+    // right side or the end of K) weigh nothing: masked, only on tiles that reach past one
+    // of the thread's rows' bounds. alpha is what O (accumulated against the old m)
+    // must be multiplied by. m moves to the tile's max only when that is more than
     // RESCALE_SLACK above it (FlashAttention-4's lazy rescale): otherwise P is made against the
     // old m, at most 2^RESCALE_SLACK, alpha is 1 and O is not touched. The result is the same
     // (O and l carry the same m; the epilogue divides one by the other), and after the first
     // tiles a row's max rarely moves by that much, so most tiles skip the rescale of O.
-    __device__ __forceinline__ void softmax(float (&s)[BC / 2], int j, int lane, float (&alpha)[2]) {
+    // `windowed`: the launch has a left window side (a kernel parameter, so the branch is
+    // uniform): without one a row's keys start at 0 and its mask keeps the one compare a
+    // score of the kernel before windows (two compares a score on every masked tile made
+    // the unmasked kernel slower, NOTES 96).
+    __device__ __forceinline__ void softmax(float (&s)[BC / 2], int j, int lane, float (&alpha)[2],
+                                            bool windowed) {
         const int key0 = j * BC + 2 * (lane % 4);
-        if (j * BC + BC > vis_min) {
+        if (windowed) {
+            if (j * BC < lo[1] || j * BC + BC > hi[0]) {
+#pragma unroll
+                for (int c = 0; c < BC / 8; ++c)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int key = key0 + 8 * c + e;
+                            if (key < lo[hh] || key >= hi[hh]) s[4 * c + 2 * hh + e] = -CUOPS_INF;
+                        }
+            }
+        } else if (j * BC + BC > hi[0]) {
 #pragma unroll
             for (int c = 0; c < BC / 8; ++c)
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
                     for (int e = 0; e < 2; ++e)
-                        if (key0 + 8 * c + e >= vis[hh]) s[4 * c + 2 * hh + e] = -CUOPS_INF;
+                        if (key0 + 8 * c + e >= hi[hh]) s[4 * c + 2 * hh + e] = -CUOPS_INF;
         }
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
@@ -299,12 +348,20 @@ template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
 
 }  // namespace fa3
 
-template <typename T, int HD, int BC, int STAGES, int SCHED, int NC>
+template <typename T, int HD, int BC, int STAGES, int SCHED, int NC, bool WIN>
 __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
     attention_flash3(ATTN_PARAMS(T), const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapK,
                      const __grid_constant__ TmaMap mapV, int head_group, const int* __restrict__ cu_q,
                      const int* __restrict__ cu_k, int total_q, int total_k, int bottom_right) {
     using namespace fa3;
+    // WIN: the launch has a sliding window (the launcher's choice). Without one the window's
+    // sides are the constant "unlimited", so that every window term folds away and the
+    // kernel is the one before windows (the same SASS: a runtime branch on the window
+    // slowed the unwindowed launches by 0.6-4 %, NOTES 96 and 100).
+    if constexpr (!WIN) {
+        win_left = -1;
+        win_right = -1;
+    }
     typedef Warpgroups<NC> W;
     constexpr int BR = W::BR;
     typedef Layout<HD, BC, BR> L;
@@ -337,7 +394,8 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
                 int q0, h, b;
                 work.at(t, q0, h, b);
                 const SeqView sv = seq(b, h);
-                const int tiles = kv_tiles<BC, BR>(q0, sv.Sq, sv.Skv, causal, sv.offset);
+                int j0;
+                const int tiles = kv_range<BC, BR>(q0, sv.Sq, sv.Skv, causal, sv.offset, win_left, win_right, j0);
                 if (tiles == 0) continue;  // (the consumers do not wait for this tile's Q either)
                 const int hk = h / (Hq / Hkv);
                 qpipe.producer_acquire(q_it);
@@ -359,7 +417,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
                     for (int p = 0; p < L::DP; ++p)
                         tma_load_4d(st + p * L::KV_PIECE, map, 64 * p, sv.k_row + j * BC, hk, sv.b, pipe.full(kv).addr);
                 };
-                for (int j = 0; j < tiles; ++j, ++kv) {
+                for (int j = j0; j < j0 + tiles; ++j, ++kv) {
                     load_tile(kpipe, k_ring, &mapK, j);
                     load_tile(vpipe, v_ring, &mapV, j);
                 }
@@ -445,15 +503,16 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
         }
         out.valid = false;
     };
-    // A work tile's running state, from no key seen.
-    auto start = [&](int q0, const SeqView& sv) {
+    // A work tile's running state, from no key seen; j0: its first K/V tile.
+    auto start = [&](int q0, const SeqView& sv, int j0) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            c.vis[hh] = attn::visible_keys(q0 + 64 * w + 16 * warp + lane / 4 + 8 * hh, sv.Skv, causal, sv.offset);
+            const int i = q0 + 64 * w + 16 * warp + lane / 4 + 8 * hh;
+            c.lo[hh] = attn::first_key(i, win_left, sv.offset) - j0 * BC;
+            c.hi[hh] = attn::key_end(i, sv.Skv, causal, sv.offset, win_right) - j0 * BC;
             c.m[hh] = -CUOPS_INF;
             c.l[hh] = 0.f;
         }
-        c.vis_min = min(c.vis[0], c.vis[1]);
 #pragma unroll
         for (int i = 0; i < L::DPAD / 2; ++i) c.o[i] = 0.f;
     };
@@ -463,17 +522,18 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
         int q0, h, b;
         work.at(t, q0, h, b);
         const SeqView sv = seq(b, h);
-        const int tiles = kv_tiles<BC, BR>(q0, sv.Sq, sv.Skv, causal, sv.offset);
+        int j0;
+        const int tiles = kv_range<BC, BR>(q0, sv.Sq, sv.Skv, causal, sv.offset, win_left, win_right, j0);
         if (tiles == 0) {  // no key to see: zeros (none past the end of a packed sequence)
             if (out.valid) store();
-            start(q0, sv);
+            start(q0, sv, 0);
             finish(q0, h, sv);
             store();
             continue;
         }
         qpipe.consumer_wait(q_it);
         c.q_tile = q_smem + qpipe.stage(q_it) * L::Q_BYTES + w * L::DP * PIECE;
-        start(q0, sv);
+        start(q0, sv, j0);
         float s[BC / 2], alpha[2];
         unsigned pa[BC / 16][4];
         if constexpr (SCHED == SERIAL) {
@@ -483,7 +543,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
                 wgmma_wait<0>();
                 fence_regs(s);
                 if (leader) kpipe.consumer_release(kv + j);
-                c.softmax(s, j, lane, alpha);
+                c.softmax(s, j, lane, alpha, WIN && win_left >= 0);
                 c.rescale(alpha);
                 c.pack(pa, s);
                 vpipe.consumer_wait(kv + j);
@@ -520,7 +580,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
             wgmma_wait<0>();
             fence_regs(s);
             if (leader) kpipe.consumer_release(kv);
-            c.softmax(s, 0, lane, alpha);  // (O is still zero: alpha has nothing to scale)
+            c.softmax(s, 0, lane, alpha, WIN && win_left >= 0);  // (O is still zero: alpha has nothing to scale)
             c.pack(pa, s);
             for (int j = 1; j < tiles; ++j) {
                 kpipe.consumer_wait(kv + j);
@@ -533,7 +593,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
                 wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
                 fence_regs(s);
                 if (leader) kpipe.consumer_release(kv + j);
-                c.softmax(s, j, lane, alpha);
+                c.softmax(s, j, lane, alpha, WIN && win_left >= 0);
                 schedule_after(c.l[0] + c.l[1]);  // (else the wait goes above the softmax)
                 c.wait_pv(pa);
                 if (leader) vpipe.consumer_release(kv + j - 1);

@@ -3,7 +3,7 @@ attention, attention_varlen and attention_paged, against the float64 reference.
 
 Every rung of ``cupyops.variants("attention")`` and ``auto``, every dtype it claims: a rung
 that runs a problem without a window or a cap must run it with them (none may refuse the
-masks where it takes the plain problem, except flash3: MASKLESS), and give the reference's
+masks where it takes the plain problem, except flash3 the cap: CAPLESS), and give the reference's
 output and LSE, into an ``out=`` poisoned with NaN. The cases mix q_len != kv_len both ways, GQA/MQA, both
 alignments with and without a causal mask, windows that leave some rows no key (exact
 zeros, LSE -inf), one-sided and zero-width windows, large queries under a cap (a nearly
@@ -38,7 +38,7 @@ CASES = [
 ]
 
 
-MASKLESS = {"flash3"}  # rungs that refuse windows and caps (flash3: they slowed its unmasked kernel)
+CAPLESS = {"flash3"}  # rungs that take windows but refuse soft caps (flash3: the cap slowed its uncapped kernel)
 
 
 def reason(impl, dtype, case, masks):
@@ -57,8 +57,8 @@ def test_windows_and_caps_against_the_reference(impl, dtype, case):
         if plain:
             pytest.skip(f"{impl} does not run this problem at all: {plain}")
         why = reason(impl, dtype, case, masks=True)
-        if impl in MASKLESS:
-            first = "window" if A.check_masks(case[8], case[9], case[6], case[1] + case[2]).windowed else "softcap"
+        if impl in CAPLESS and A.check_masks(case[8], case[9], case[6], case[1] + case[2]).softcap:
+            first = "softcap"
             assert why and why.startswith(f"{first}: {impl} does not support"), why
             q, k, v = (_cp().zeros((case[0], n, h, case[5]), _dtypes.to_dtype(dtype))
                        for n, h in ((case[1], case[3]), (case[2], case[4]), (case[2], case[4])))
@@ -110,8 +110,8 @@ def test_varlen_windows_and_caps(impl, dtype, case):
     dq, dk, dv = (cp.asarray(x) for x in (q, k, v))
     kw = dict(max_seqlen_q=max(q_lens), max_seqlen_k=max(k_lens), causal=causal, causal_align=align, window=window,
               softcap=softcap, return_lse=True, out=out, impl=impl)
-    if impl in MASKLESS:
-        first = "window" if A.check_masks(window, softcap, causal, 1 << 30).windowed else "softcap"
+    if impl in CAPLESS and softcap:
+        first = "softcap"
         with pytest.raises(ValueError, match=f"^impl: '{impl}' cannot run this problem: {first}: "):
             cupyops.attention_varlen(dq, dk, dv, cp.asarray(cq), cp.asarray(ck), **kw)
         return

@@ -307,9 +307,8 @@ class Llama:
         token_table = table[cp.asarray(np.repeat(np.arange(first, first + len(lens)), lens))]
         # the offsets on the GPU where attention_varlen runs its flash3 kernel (which reads them
         # there), else on the host, where its per_sequence rung reads them: no read back a layer
-        # (flash3 takes no sliding window)
         flash3 = self.cfg.dtype != "float32" and self.cfg.head_dim in _attention_flash3.HEAD_DIMS and \
-            self.cfg.window is None and _attention_flash3.runs_here(_launch.device_props())
+            _attention_flash3.runs_here(_launch.device_props())
         cu = cp.asarray(starts) if flash3 else starts
         longest = max(lens)
         a = cp.empty((len(ids), self.cfg.num_attention_heads, self.cfg.head_dim), self.w["embed"].dtype)

@@ -14,6 +14,10 @@ strides, so any layout whose head_dim axis is contiguous runs without a copy, as
 a map can describe it: 16-byte aligned tensors with strides that are multiples of 16
 bytes (``supports`` says so otherwise).
 
+Sliding windows and logit soft-capping are runtime parameters of every kernel: a work tile
+loads and multiplies only the K/V tiles its rows' windows reach, and masks only the tiles
+at their edges (the kernel file's header says how).
+
 It runs on compute capability 9.0 alone (``runs_here``): ``auto`` takes it there and
 falls back to ``flash`` elsewhere.
 """
@@ -103,14 +107,17 @@ L2_SHARE = {False: 0.0, True: 0.5}
 HEAD_DIMS = tuple(CONFIGS)
 
 
-def _name(dtype, hd, cfg):
+def _name(dtype, hd, cfg, windowed=False):
+    """The instantiation of a configuration; ``windowed``: the one for launches with a
+    sliding window (the other has no window code: the kernel's WIN)."""
     c = CONFIGS[hd][cfg]
-    return template_name("attention_flash3", _dtypes.cuda_type(dtype), hd, c.bc, c.stages, c.sched, c.consumers)
+    return template_name("attention_flash3", _dtypes.cuda_type(dtype), hd, c.bc, c.stages, c.sched, c.consumers,
+                         "true" if windowed else "false")
 
 
 # (a persistent configuration and its one-block-a-tile twin are one kernel)
 KERNELS = KernelFile("attention_flash3.cu", list(dict.fromkeys(
-    _name(dt, hd, c) for dt in DTYPES["flash3"] for hd in CONFIGS for c in CONFIGS[hd])),
+    _name(dt, hd, c, w) for dt in DTYPES["flash3"] for hd in CONFIGS for c in CONFIGS[hd] for w in (False, True))),
     options=SPLIT_COMPILE, arch=ARCH)
 KERNEL_FILES = [KERNELS]
 
@@ -168,8 +175,7 @@ def supports(impl, p, config=None):
     """None when ``flash3`` can run ``p``, else the reason (naming the argument)."""
     if impl != "flash3":
         return f"impl: unknown attention_flash3 rung {impl!r}; expected flash3"
-    # (no sliding windows or soft caps: the first try slowed the unmasked kernel, NOTES 96)
-    reason = _shape_reason(p) or masks_reason(p, "flash3")
+    reason = _shape_reason(p) or masks_reason(p, "flash3", window=True)
     if reason is None and not p.aligned16():
         reason = "q: flash3 needs 16-byte aligned rows in q, k, v and out (pointers and strides)"
     if reason is None and work_tiles(p) > MAX_WORK_TILES:
@@ -188,11 +194,20 @@ def work_tiles(p, rows=BR):
     return _launch.cdiv(p.Sq, rows) * p.Hq * p.B
 
 
+def row_keys(p):
+    """The most keys one query row sees: kv_len, or a sliding window's width (its left side,
+    the diagonal, and its right side, which a causal mask ends at the diagonal)."""
+    left = p.window_left if p.window_left >= 0 else p.Skv
+    right = 0 if p.causal else (p.window_right if p.window_right >= 0 else p.Skv)
+    return max(0, min(p.Skv, left + right + 1))
+
+
 def head_group(p, l2_bytes, share=None):
     """Query heads a group (the kernel's WorkTiles): as many as share the KV heads whose K
     and V fit in ``share`` (default: L2_SHARE's for the mask) of ``l2_bytes`` (at least one
-    KV head's)."""
-    kv_head_bytes = 2 * p.Skv * p.D * 2
+    KV head's). Under a sliding window a KV head's K and V in use are those of the keys a
+    work tile's rows see (the window slides on with the query tiles), not all kv_len."""
+    kv_head_bytes = 2 * min(p.Skv, row_keys(p) + BR) * p.D * 2
     share = L2_SHARE[bool(p.causal)] if share is None else share
     kv_heads = max(1, int(l2_bytes * share) // max(kv_head_bytes, 1))
     return max(1, min(p.Hq * p.B, kv_heads * (p.Hq // p.Hkv)))
@@ -200,11 +215,12 @@ def head_group(p, l2_bytes, share=None):
 
 def default_config(p):
     """The configuration ``config=None`` takes: CAUSAL_CONFIG under a causal mask; else key
-    tiles of 176 at head_dim 128 from LONG_KV keys, else the head_dim's first (a persistent
+    tiles of 176 at head_dim 128 where a row sees LONG_KV keys or more (kv_len, or a sliding
+    window's width: what a work tile loops over), else the head_dim's first (a persistent
     grid; for packed sequences its one-block-a-tile twin)."""
     if p.causal:
         return CAUSAL_CONFIG[p.D]
-    cfg = "c176s2p_pg" if p.D == 128 and p.Skv >= LONG_KV else next(iter(CONFIGS[p.D]))
+    cfg = "c176s2p_pg" if p.D == 128 and row_keys(p) >= LONG_KV else next(iter(CONFIGS[p.D]))
     # Packed sequences of mixed lengths make work tiles of unequal length, as a causal mask
     # does: one block a tile (the hardware hands the next to the SM that frees first).
     # Measured (H100, fp16, 8 sequences of 256..4096, head_dim 128, NOTES 91): 569 against
@@ -223,7 +239,8 @@ def plan(p, config=None, sm_count=132):
     c = CONFIGS[p.D][cfg]
     tiles = work_tiles(p, c.rows)
     grid = (min(tiles, sm_count) if c.persistent else tiles,)
-    return _launch.Launch(KERNELS, _name(p.dtype, p.D, cfg), grid, (c.threads,), smem_bytes(p.D, cfg),
+    windowed = p.window_left >= 0 or p.window_right >= 0
+    return _launch.Launch(KERNELS, _name(p.dtype, p.D, cfg, windowed), grid, (c.threads,), smem_bytes(p.D, cfg),
                           "attention impl='flash3'")
 
 

@@ -1,0 +1,100 @@
+"""CPU tier for flash3's sliding windows and soft caps (cupyops/ops/_attention_flash3.py):
+that it takes them, the keys a row sees that its plan is made for, and a model of the
+kernel's K/V tile range (kv_range in kernels/attention_flash3.cu) checked against the mask
+it must cover, row by row."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from cupyops.ops import _attention_flash3 as W
+from attention_stubs import problem
+
+
+def test_takes_windows_but_not_caps():
+    p = problem()
+    for kw in ({"window_left": 100}, {"window_right": 3, "causal": False}, {"window_left": 0, "window_right": 0}):
+        assert W.supports("flash3", dataclasses.replace(p, **kw)) is None, kw
+    # (a cap slowed the uncapped kernel: NOTES 96)
+    assert W.supports("flash3", dataclasses.replace(p, softcap=30.0)) == \
+        "softcap: flash3 does not support logit soft-capping"
+
+
+@pytest.mark.parametrize("causal, left, right, keys", [
+    (True, -1, -1, 700), (False, -1, -1, 700),
+    (True, 100, -1, 101), (True, 100, 5, 101),  # (a causal mask ends the right side)
+    (False, 100, 5, 106), (False, -1, 5, 700), (False, 0, 0, 1), (False, 2000, 2000, 700),
+])
+def test_row_keys(causal, left, right, keys):
+    p = dataclasses.replace(problem(Skv=700), causal=causal, window_left=left, window_right=right)
+    assert W.row_keys(p) == keys
+
+
+def test_windows_choose_tiles_and_groups_by_the_keys_a_row_sees():
+    p = dataclasses.replace(problem(D=128, Sq=16384, Skv=16384), causal=False)
+    assert W.default_config(p) == "c176s2p_pg"  # (16384 keys a row)
+    assert W.default_config(dataclasses.replace(p, window_left=2048, window_right=0)) == "c128s2p_pg"
+    assert W.default_config(dataclasses.replace(p, window_left=8192, window_right=8192)) == "c176s2p_pg"
+    l2 = 50 * 2**20
+    p = dataclasses.replace(problem(D=128, Sq=8192, Skv=8192, Hq=32, Hkv=8, B=1), causal=True)
+    assert W.head_group(p, l2) == 6 * 4  # 4 MiB of K and V a KV head
+    # a window of 1024 keys: a work tile reads (1024 + 128) keys of a KV head, 576 KiB: all
+    # 8 KV heads' fit in the share
+    assert W.head_group(dataclasses.replace(p, window_left=1023), l2) == 32
+
+
+# A model of kv_range (kernels/attention_flash3.cu) and of the attention_common.cuh
+# helpers it calls, in the kernel's int arithmetic.
+def _first_key(i, win_left, off):
+    return 0 if win_left < 0 else max(i + off - win_left, 0)
+
+
+def _key_end(i, skv, causal, off, win_right):
+    end = skv if not causal else (0 if i + off < 0 else min(i + off + 1, skv))
+    if win_right < 0:
+        return end
+    last = i + off + win_right
+    return 0 if last < 0 else min(last + 1, end)
+
+
+def _kv_range(q0, br, bc, sq, skv, causal, off, wl, wr):
+    if q0 >= sq:
+        return 0, 0
+    end = _key_end(min(q0 + br, sq) - 1, skv, causal, off, wr)
+    first = _first_key(q0, wl, off)
+    if end <= first:
+        return 0, 0
+    j0 = first // bc
+    return j0, -(-end // bc) - j0
+
+
+@pytest.mark.parametrize("sq, skv", [(1, 1), (17, 300), (300, 17), (513, 1000), (1000, 513)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("wl, wr", [(-1, -1), (0, 0), (5, -1), (-1, 7), (100, 3), (200, 0), (1, 300)])
+@pytest.mark.parametrize("br, bc", [(128, 128), (192, 128), (128, 176), (128, 80)])
+def test_the_tile_range_covers_every_visible_key_and_no_tile_beyond(sq, skv, causal, wl, wr, br, bc):
+    for off in {0, skv - sq}:
+        i = np.arange(sq)[:, None]
+        j = np.arange(skv)[None, :]
+        mask = np.ones((sq, skv), bool)  # the reference's mask (cupyops.reference.attention)
+        if causal:
+            mask &= j <= i + off
+        if wl >= 0:
+            mask &= j >= i + off - wl
+        if wr >= 0:
+            mask &= j <= i + off + wr
+        for q0 in range(0, sq, br):
+            rows = mask[q0:q0 + br]
+            j0, n = _kv_range(q0, br, bc, sq, skv, causal, off, wl, wr)
+            seen = np.flatnonzero(rows.any(axis=0))
+            if seen.size == 0:
+                # nothing to see: no tile (or only tiles no row sees: all masked)
+                assert n == 0 or not rows[:, j0 * bc:(j0 + n) * bc].any()
+                continue
+            # every visible key lies in the range; its first and last tiles hold visible keys
+            assert j0 * bc <= seen[0] and seen[-1] < (j0 + n) * bc
+            assert seen[0] // bc == j0 and seen[-1] // bc == j0 + n - 1
+            # each row's [first_key, key_end) is its mask row, as the consumers mask it
+            for r in range(rows.shape[0]):
+                lo, hi = _first_key(q0 + r, wl, off), _key_end(q0 + r, skv, causal, off, wr)
+                assert np.array_equal(rows[r], (j[0] >= lo) & (j[0] < hi))
