@@ -1,5 +1,5 @@
 """Small windowed and soft-capped attention cases for compute-sanitizer (memcheck,
-racecheck): every attention rung that takes them (flash3 does not yet) on odd lengths,
+racecheck): every attention rung (flash3 in its window and cap instantiations) on odd lengths,
 windows that start and end mid-tile and leave rows no key, q_len != kv_len both ways;
 varlen's per_sequence; the paged decode kernel with windows over shuffled pages. Each case
 is checked against the float64 reference.
@@ -30,6 +30,7 @@ def main():
         (1, 300, 128, True, "bottom_right", (64, 0), None),
         (5, 130, 96, False, "top_left", (None, 2), 30.0),
         (129, 129, 256, True, "top_left", (1, None), 2.0),
+        (200, 260, 64, True, "bottom_right", (None, None), 10.0),  # a cap alone (flash3: 192-row tiles)
     ]
     for impl in A.LADDER:
         for dtype in A.dtypes_of(impl):
@@ -51,16 +52,16 @@ def main():
                 right, wrong = right + good, wrong + (not good)
                 if not good:
                     print("WRONG", impl, dtype, Sq, Skv, D, causal, align, window, softcap)
-    for impl in ("per_sequence", "flash3"):  # (flash3 refuses windows for now: skipped)
+    for impl in ("per_sequence", "flash3"):
         q_lens, k_lens = [37, 0, 130, 5], [50, 9, 0, 5]
         cq = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
         ck = np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32)
         q, k, v = (rng.standard_normal((n, h, 128)).astype(np.float16) for n, h in ((cq[-1], 4), (ck[-1], 2),
                                                                                     (ck[-1], 2)))
-        ref = reference.attention_varlen(q, k, v, cq, ck, causal=True, window=(7, None))
+        ref = reference.attention_varlen(q, k, v, cq, ck, causal=True, window=(7, None), softcap=5.0)
         try:
             got = cupyops.attention_varlen(*(cp.asarray(x) for x in (q, k, v, cq, ck)), max_seqlen_q=130,
-                                           max_seqlen_k=50, causal=True, window=(7, None), impl=impl)
+                                           max_seqlen_k=50, causal=True, window=(7, None), softcap=5.0, impl=impl)
         except ValueError:  # flash3 off sm_90
             continue
         good = ok(got, ref, "float16")

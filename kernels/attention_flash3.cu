@@ -44,10 +44,13 @@
 //     -inf mask; a warpgroup of a 192-row tile may run tiles that its own rows do not see
 //     at all (all masked: no weight). A row that sees no key keeps m = -inf and l = 0:
 //     zeros in O, -inf in its LSE;
-//   - no soft cap (softcap must be 0; the launcher refuses others): capping every score
-//     in the consumers' softmax, even behind a uniform branch never taken, made the
-//     uncapped kernel 3-5 % slower at head_dim 64 (three consumer warpgroups at 160
-//     registers) and ~1 % at 128 (NOTES 96), so capped calls run another rung;
+//   - soft caps (softcap > 0): the softmax caps a row's maximum and each score as it
+//     makes its weight (attn::SoftCap's tanh, the scale and log2(e) folded in: two MUFU
+//     operations a score more, so capped launches run 1.2x (head_dim 256) to 2x (64) the
+//     uncapped time); a masked score keeps weight 0;
+//   - windows and caps are instantiations of their own (MASKS, below): in the kernel of
+//     a plain launch every window and cap term folds away (a runtime branch on them, never
+//     taken, slowed plain launches by 0.6-5 %: NOTES 96 and 100);
 //   - work tiles go round robin to the blocks (WorkTiles: longest first under a causal
 //     mask, heads in groups whose K and V stay in L2); in a persistent grid the producer
 //     loads the next tile's Q and K/V while the consumers finish the last P V and the
@@ -65,8 +68,9 @@
 // S = Q K^T stops at 96, and P V's extra columns (zeros) are not written.
 //
 // Launch geometry (cupyops/ops/_attention_flash3.py computes the same numbers):
-//   attention_flash3<T, HD, BC, STAGES, SCHED, NC, WIN> (HD = head_dim: 64, 96, 128 or 256;
-//   WIN: launched with a sliding window):
+//   attention_flash3<T, HD, BC, STAGES, SCHED, NC, MASKS> (HD = head_dim: 64, 96, 128 or 256;
+//   MASKS: fa3::WINDOW for a launch with a sliding window, WINDOW | CAP for one with a soft
+//   cap (and a window or not), 0 otherwise):
 //   block 128 (NC + 1); 1-D grid of one block an SM (persistent) or one a work tile
 //   (cdiv(Sq, BR) * Hq * B tiles, BR = 64 NC, WorkTiles); dynamic shared memory QSTAGES *
 //   BR * DPAD * 2 + STAGES * 2 * BC * DPAD * 2 + 1 KB (alignment) + 32 * STAGES + 16 *
@@ -89,6 +93,8 @@ namespace fa3 {
 
 constexpr unsigned PIECE = 8192;  // 64 rows x 128 bytes
 enum Sched { SERIAL = 0, OVERLAP = 1, PINGPONG = 2 };
+// What a launch has beyond the causal mask (the kernel's MASKS, bits).
+enum Masks { WINDOW = 1, CAP = 2 };
 // Named barriers 1 .. NC: "consumer warpgroup w may issue its wgmmas" (PINGPONG).
 constexpr int TURN_BARRIER = 1;
 // How far (log2 units) a row's max may rise above the m its P is made against (Consumer::softmax).
@@ -219,6 +225,16 @@ template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
     typedef Layout<HD, BC, BR> L;
     unsigned q_tile, k_ring, v_ring;
     float scale2;  // scale * log2(e)
+    // (kernels with CAP) the raw score x capped, in the softmax's base-2 units, plus a:
+    // A tanh(scale x / softcap) + a = A - 2 A / (2^(x cap_in) + 1) + a, A = softcap log2(e)
+    // (attn::SoftCap's tanh with the scale and log2(e) folded in): cap_in = 2 log2(e) scale /
+    // softcap, cap_m2a = -2 A.
+    float cap_in, cap_m2a;
+    __device__ __forceinline__ float capped(float x, float a) const {
+        float r;
+        asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fast_exp2(x * cap_in) + 1.f));
+        return fmaf(cap_m2a, r, fmaf(-0.5f, cap_m2a, a));
+    }
     // The keys each of the thread's two rows sees, [lo, hi), counted from the work tile's
     // first K/V tile (kv_range's j0): row r0 + 8 (hh = 1) never sees a key before row r0's
     // first, nor stops before row r0's last, so lo[1] and hi[0] bound both rows.
@@ -272,7 +288,10 @@ template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
     // `windowed`: the launch has a left window side (a kernel parameter, so the branch is
     // uniform): without one a row's keys start at 0 and its mask keeps the one compare a
     // score of the kernel before windows (two compares a score on every masked tile made
-    // the unmasked kernel slower, NOTES 96).
+    // the unmasked kernel slower, NOTES 96). CAPPED: a row's raw maximum is capped (the cap
+    // is monotone: that is the capped scores' maximum), and each score as its weight is
+    // made (a masked score, -inf, is skipped: its cap would be finite).
+    template <bool CAPPED>
     __device__ __forceinline__ void softmax(float (&s)[BC / 2], int j, int lane, float (&alpha)[2],
                                             bool windowed) {
         const int key0 = j * BC + 2 * (lane % 4);
@@ -304,7 +323,8 @@ template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
             for (int c = 0; c < BC / 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * hh], s[4 * c + 2 * hh + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_tile = mx * scale2;  // (the 4 lanes of a row agree on it, and on m)
+            // (the 4 lanes of a row agree on it, and on m)
+            const float m_tile = CAPPED && mx != -CUOPS_INF ? capped(mx, 0.f) : mx * scale2;
             alpha[hh] = 1.f;
             if (m_tile > m[hh] + RESCALE_SLACK) {  // (m = -inf: any key seen moves it)
                 alpha[hh] = fast_exp2(m[hh] - m_tile);
@@ -316,7 +336,12 @@ template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
             for (int c = 0; c < BC / 8; ++c)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float p = fast_exp2(fmaf(s[4 * c + 2 * hh + e], scale2, -base));
+                    const float x = s[4 * c + 2 * hh + e];
+                    float p;
+                    if constexpr (CAPPED)  // (a masked score stays masked: cap(-inf) is finite)
+                        p = x == -CUOPS_INF ? 0.f : fast_exp2(capped(x, -base));
+                    else
+                        p = fast_exp2(fmaf(x, scale2, -base));
                     s[4 * c + 2 * hh + e] = p;
                     sum += p;
                 }
@@ -348,17 +373,19 @@ template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
 
 }  // namespace fa3
 
-template <typename T, int HD, int BC, int STAGES, int SCHED, int NC, bool WIN>
+template <typename T, int HD, int BC, int STAGES, int SCHED, int NC, int MASKS>
 __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
     attention_flash3(ATTN_PARAMS(T), const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapK,
                      const __grid_constant__ TmaMap mapV, int head_group, const int* __restrict__ cu_q,
                      const int* __restrict__ cu_k, int total_q, int total_k, int bottom_right) {
     using namespace fa3;
-    // WIN: the launch has a sliding window (the launcher's choice). Without one the window's
-    // sides are the constant "unlimited", so that every window term folds away and the
-    // kernel is the one before windows (the same SASS: a runtime branch on the window
-    // slowed the unwindowed launches by 0.6-4 %, NOTES 96 and 100).
-    if constexpr (!WIN) {
+    // MASKS: what the launch has (the launcher's choice). Without WINDOW the window's sides
+    // are the constant "unlimited", without CAP there is no cap, so that every such term
+    // folds away and a plain launch runs the kernel before windows and caps (the same SASS:
+    // a runtime branch on the window slowed plain launches by 0.6-4 %, NOTES 96 and 100).
+    static_assert(MASKS == 0 || MASKS == WINDOW || MASKS == (WINDOW | CAP), "attention_flash3: MASKS");
+    constexpr bool WINDOWED = (MASKS & WINDOW) != 0, CAPPED = (MASKS & CAP) != 0;
+    if constexpr (!WINDOWED) {
         win_left = -1;
         win_right = -1;
     }
@@ -381,13 +408,16 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
     }
     __syncthreads();
 
-    const WorkTiles<BR> work{(Sq + BR - 1) / BR, Hq, B, head_group, causal != 0};
+    // (each warpgroup makes the work list after its setmaxnreg: a value kept across that
+    // was spilled in the capped head_dim-256 kernel)
+    auto work_tiles = [&] { return WorkTiles<BR>{(Sq + BR - 1) / BR, Hq, B, head_group, causal != 0}; };
     auto seq = [&](int b, int h) {
         return seq_view(b, h, Hq, Sq, Skv, causal_offset, cu_q, cu_k, total_q, total_k, bottom_right);
     };
 
     if (warpgroup() == 0) {  // producer
         setmaxnreg_dec<W::PRODUCER_REGS>();
+        const WorkTiles<BR> work = work_tiles();
         if (threadIdx.x == 0) {
             unsigned q_it = 0, kv = 0;  // uses of the Q buffer and of the K/V rings so far
             for (int t = blockIdx.x; t < work.count(); t += gridDim.x) {
@@ -429,12 +459,17 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
 
     // consumers: warpgroup 1 + w owns query rows q0 + [64 w, 64 w + 64) of a work tile
     setmaxnreg_inc<W::CONSUMER_REGS>();
+    const WorkTiles<BR> work = work_tiles();
     const int w = warpgroup() - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const bool leader = threadIdx.x % WG == 0;
     Consumer<T, HD, BC, STAGES, BR> c;
     c.k_ring = k_ring;
     c.v_ring = v_ring;
     c.scale2 = scale * attn::LOG2E;
+    if constexpr (CAPPED) {  // (the launcher sends softcap > 0)
+        c.cap_in = __fdividef(2.f * attn::LOG2E * scale, softcap);  // (a division's slow path spills)
+        c.cap_m2a = -2.f * attn::LOG2E * softcap;
+    }
 
     // PINGPONG turns: a token goes round the consumers, named barrier TURN_BARRIER + w
     // meaning "warpgroup w may issue its wgmmas". Each issue passes it to w + 1 (mod NC); all
@@ -543,7 +578,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
                 wgmma_wait<0>();
                 fence_regs(s);
                 if (leader) kpipe.consumer_release(kv + j);
-                c.softmax(s, j, lane, alpha, WIN && win_left >= 0);
+                c.template softmax<CAPPED>(s, j, lane, alpha, WINDOWED && win_left >= 0);
                 c.rescale(alpha);
                 c.pack(pa, s);
                 vpipe.consumer_wait(kv + j);
@@ -580,7 +615,8 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
             wgmma_wait<0>();
             fence_regs(s);
             if (leader) kpipe.consumer_release(kv);
-            c.softmax(s, 0, lane, alpha, WIN && win_left >= 0);  // (O is still zero: alpha has nothing to scale)
+            // (O is still zero: alpha has nothing to scale)
+            c.template softmax<CAPPED>(s, 0, lane, alpha, WINDOWED && win_left >= 0);
             c.pack(pa, s);
             for (int j = 1; j < tiles; ++j) {
                 kpipe.consumer_wait(kv + j);
@@ -593,7 +629,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
                 wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
                 fence_regs(s);
                 if (leader) kpipe.consumer_release(kv + j);
-                c.softmax(s, j, lane, alpha, WIN && win_left >= 0);
+                c.template softmax<CAPPED>(s, j, lane, alpha, WINDOWED && win_left >= 0);
                 schedule_after(c.l[0] + c.l[1]);  // (else the wait goes above the softmax)
                 c.wait_pv(pa);
                 if (leader) vpipe.consumer_release(kv + j - 1);

@@ -1,7 +1,7 @@
 """CPU tier for flash3's sliding windows and soft caps (cupyops/ops/_attention_flash3.py):
-that it takes them, the keys a row sees that its plan is made for, and a model of the
-kernel's K/V tile range (kv_range in kernels/attention_flash3.cu) checked against the mask
-it must cover, row by row."""
+that it takes them (each in the instantiation of its own that the plan names), the keys a
+row sees that its plan is made for, and a model of the kernel's K/V tile range (kv_range
+in kernels/attention_flash3.cu) checked against the mask it must cover, row by row."""
 import dataclasses
 
 import numpy as np
@@ -11,13 +11,18 @@ from cupyops.ops import _attention_flash3 as W
 from attention_stubs import problem
 
 
-def test_takes_windows_but_not_caps():
+def test_takes_windows_and_caps_each_in_its_own_instantiation():
     p = problem()
-    for kw in ({"window_left": 100}, {"window_right": 3, "causal": False}, {"window_left": 0, "window_right": 0}):
-        assert W.supports("flash3", dataclasses.replace(p, **kw)) is None, kw
-    # (a cap slowed the uncapped kernel: NOTES 96)
-    assert W.supports("flash3", dataclasses.replace(p, softcap=30.0)) == \
-        "softcap: flash3 does not support logit soft-capping"
+    cases = [({}, 0), ({"window_left": 100}, W.WINDOW), ({"window_right": 3, "causal": False}, W.WINDOW),
+             ({"window_left": 0, "window_right": 0}, W.WINDOW), ({"softcap": 30.0}, W.WINDOW | W.CAP),
+             ({"softcap": 30.0, "window_left": 7}, W.WINDOW | W.CAP)]
+    for kw, mask in cases:
+        q = dataclasses.replace(p, **kw)
+        assert W.supports("flash3", q) is None, kw
+        assert W.masks(q) == mask, kw
+        name = W.plan(q).name
+        assert name.endswith(f", {mask}>"), (kw, name)
+        assert name in W.KERNELS.name_expressions, (kw, name)  # compiled by the CPU tier's compile test
 
 
 @pytest.mark.parametrize("causal, left, right, keys", [

@@ -2,9 +2,9 @@
 producer and two or three consumer warpgroups), and its launcher (the launcher-module
 interface is described in _attention_problem.py).
 
-``attention_flash3<T, D, BC, STAGES, SCHED, NC>``: work tiles of (64 NC query rows, query
-head, batch element) handed round robin to the blocks, one block an SM (a persistent grid)
-or one a tile; K and V tiles of BC keys through STAGES-deep rings; the consumers' schedule
+``attention_flash3<T, D, BC, STAGES, SCHED, NC, MASKS>``: work tiles of (64 NC query rows,
+query head, batch element) handed round robin to the blocks, one block an SM (a persistent
+grid) or one a tile; K and V tiles of BC keys through STAGES-deep rings; the consumers' schedule
 SCHED (0 serial, 1 FlashAttention-3's intra-warpgroup overlap of softmax and GEMMs, 2 that
 and pingpong between the consumer warpgroups). ``config`` (see ``CONFIGS``) forces one;
 ``None`` takes ``default_config``'s.
@@ -14,9 +14,11 @@ strides, so any layout whose head_dim axis is contiguous runs without a copy, as
 a map can describe it: 16-byte aligned tensors with strides that are multiples of 16
 bytes (``supports`` says so otherwise).
 
-Sliding windows and logit soft-capping are runtime parameters of every kernel: a work tile
-loads and multiplies only the K/V tiles its rows' windows reach, and masks only the tiles
-at their edges (the kernel file's header says how).
+Sliding windows and soft caps: a launch with a window runs its configuration's WINDOW
+instantiation, one with a cap (and a window or not) its WINDOW | CAP one, so that a plain
+launch runs a kernel in which every window and cap term has folded away (``masks``). A
+work tile loads and multiplies only the K/V tiles its rows' windows reach, and masks only
+the tiles at their edges (the kernel file's header says how).
 
 It runs on compute capability 9.0 alone (``runs_here``): ``auto`` takes it there and
 falls back to ``flash`` elsewhere.
@@ -107,17 +109,29 @@ L2_SHARE = {False: 0.0, True: 0.5}
 HEAD_DIMS = tuple(CONFIGS)
 
 
-def _name(dtype, hd, cfg, windowed=False):
-    """The instantiation of a configuration; ``windowed``: the one for launches with a
-    sliding window (the other has no window code: the kernel's WIN)."""
+# The kernel's MASKS (fa3::Masks): the instantiations a configuration has.
+WINDOW, CAP = 1, 2
+MASKS = (0, WINDOW, WINDOW | CAP)
+
+
+def masks(p):
+    """The MASKS instantiation that runs problem ``p``: WINDOW | CAP with a soft cap,
+    WINDOW with a sliding window alone, else 0 (no window or cap code)."""
+    if p.softcap:
+        return WINDOW | CAP
+    return WINDOW if p.window_left >= 0 or p.window_right >= 0 else 0
+
+
+def _name(dtype, hd, cfg, mask=0):
+    """The instantiation of a configuration for launches of MASKS ``mask``."""
     c = CONFIGS[hd][cfg]
     return template_name("attention_flash3", _dtypes.cuda_type(dtype), hd, c.bc, c.stages, c.sched, c.consumers,
-                         "true" if windowed else "false")
+                         mask)
 
 
 # (a persistent configuration and its one-block-a-tile twin are one kernel)
 KERNELS = KernelFile("attention_flash3.cu", list(dict.fromkeys(
-    _name(dt, hd, c, w) for dt in DTYPES["flash3"] for hd in CONFIGS for c in CONFIGS[hd] for w in (False, True))),
+    _name(dt, hd, c, w) for dt in DTYPES["flash3"] for hd in CONFIGS for c in CONFIGS[hd] for w in MASKS)),
     options=SPLIT_COMPILE, arch=ARCH)
 KERNEL_FILES = [KERNELS]
 
@@ -175,7 +189,7 @@ def supports(impl, p, config=None):
     """None when ``flash3`` can run ``p``, else the reason (naming the argument)."""
     if impl != "flash3":
         return f"impl: unknown attention_flash3 rung {impl!r}; expected flash3"
-    reason = _shape_reason(p) or masks_reason(p, "flash3", window=True)
+    reason = _shape_reason(p) or masks_reason(p, "flash3", window=True, softcap=True)
     if reason is None and not p.aligned16():
         reason = "q: flash3 needs 16-byte aligned rows in q, k, v and out (pointers and strides)"
     if reason is None and work_tiles(p) > MAX_WORK_TILES:
@@ -239,8 +253,7 @@ def plan(p, config=None, sm_count=132):
     c = CONFIGS[p.D][cfg]
     tiles = work_tiles(p, c.rows)
     grid = (min(tiles, sm_count) if c.persistent else tiles,)
-    windowed = p.window_left >= 0 or p.window_right >= 0
-    return _launch.Launch(KERNELS, _name(p.dtype, p.D, cfg, windowed), grid, (c.threads,), smem_bytes(p.D, cfg),
+    return _launch.Launch(KERNELS, _name(p.dtype, p.D, cfg, masks(p)), grid, (c.threads,), smem_bytes(p.D, cfg),
                           "attention impl='flash3'")
 
 

@@ -13,8 +13,8 @@ Rungs: ``flash3`` runs every sequence in one launch of the Hopper kernel
 of the longest sequence, head, sequence), and a tile past its sequence's end has nothing to
 do); ``per_sequence`` calls ``attention`` (its auto rung) once a sequence, on views, with
 the offsets read on the host. ``auto`` takes flash3 where it runs the problem (sm_90,
-float16/bfloat16, head_dim 64/96/128/256, 16-byte aligned rows, no soft cap: flash3 does
-not take one), else per_sequence.
+float16/bfloat16, head_dim 64/96/128/256, 16-byte aligned rows; windows and soft caps
+included), else per_sequence.
 
 The offsets and the longest lengths: where ``max_seqlen_q`` and ``max_seqlen_k`` are given
 and the offsets live on the GPU, nothing is read on the host (no synchronisation: the call
