@@ -56,9 +56,27 @@ def place(values, mode):
     raise ValueError(mode)
 
 
+# How often a right kernel's row needs the tolerance: measured (H100, 6 batches x 4 option
+# sets x 64 rows of 128256 logits a rung and dtype) 0.07-0.13 % for naive (its float32 block
+# scan), 0 for fused and cluster; NEAR_RATE leaves a factor of 4 over the most.
+NEAR_RATE = 0.005
+
+
+def near_limit(rows, rate=NEAR_RATE, false_alarm=1e-4):
+    """The most rows of ``rows`` that a right kernel may need the tolerance for: the least k
+    with P(more than k) <= ``false_alarm`` for rows near at ``rate`` each (binomial): 1 for
+    a few rows, 4 of 64. (1 + 1 % of the rows failed a right naive rung's 2 of 64.) A kernel
+    that is near on a fixed share of rows, not on rare boundaries, still fails."""
+    k, tail = 0, 1.0 - (1.0 - rate) ** rows  # tail: P(more than k)
+    while tail > false_alarm:
+        k += 1
+        tail -= math.comb(rows, k) * rate**k * (1.0 - rate) ** (rows - k)
+    return max(k, 1)
+
+
 def assert_reference_draw(values, tokens, max_near=None, **options):
     """Every token is the reference's draw or within TOL of a boundary of it; returns the
-    count of those near ones (bounded by ``max_near``: default 1 + 1 % of the rows)."""
+    count of those near ones (bounded by ``max_near``: default ``near_limit``)."""
     got = host(tokens)
     assert got.dtype == np.int64 and got.shape == (values.shape[0],), (got.dtype, got.shape)
     opts = {k: host(v) if hasattr(v, "shape") else v for k, v in options.items()}
@@ -68,7 +86,7 @@ def assert_reference_draw(values, tokens, max_near=None, **options):
         want = reference.sample(values, **opts)
         raise AssertionError(f"{bad.size} rows, first {bad[:8]}: tokens {got[bad[:8]]}, reference {want[bad[:8]]}")
     near = int((~exact).sum())
-    limit = 1 + values.shape[0] // 100 if max_near is None else max_near
+    limit = near_limit(values.shape[0]) if max_near is None else max_near
     assert near <= limit, f"{near} of {values.shape[0]} rows only within tolerance of the reference"
     return near
 
