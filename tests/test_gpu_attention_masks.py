@@ -3,7 +3,8 @@ attention, attention_varlen and attention_paged, against the float64 reference.
 
 Every rung of ``cupyops.variants("attention")`` and ``auto``, every dtype it claims: a rung
 that runs a problem without a window or a cap must run it with them (none may refuse the
-masks where it takes the plain problem), and give the reference's output and LSE, into an ``out=`` poisoned with NaN. The cases mix q_len != kv_len both ways, GQA/MQA, both
+masks where it takes the plain problem), and give the reference's output and LSE, into an
+``out=`` poisoned with NaN. The cases mix q_len != kv_len both ways, GQA/MQA, both
 alignments with and without a causal mask, windows that leave some rows no key (exact
 zeros, LSE -inf), one-sided and zero-width windows, large queries under a cap (a nearly
 one-hot softmax without one), and decode shapes. CuPy is imported inside the tests only."""

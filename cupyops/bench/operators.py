@@ -147,11 +147,11 @@ def _x_only(case, seed):
 
 
 def _sum_inputs(case, seed):
-    """x for sum and trace; float32 and float64 as N(3, 1), whose sums do not cancel, so that a relative error
-    measures the kernel and not the data's conditioning (a sum of n N(0, 1) terms is ~sqrt(n)
-    times smaller than the sum of their magnitudes, and its relative error that much larger:
-    the GPU tier drew 5e-6 for 67451 terms); half types stay at N(0, 1) so long sums fit
-    float16's range (tests/test_gpu_ops.py draws its sums the same way)."""
+    """x for sum and trace; float32 and float64 as N(3, 1), whose sums do not cancel, so that
+    a relative error measures the kernel and not the data's conditioning (a sum of n N(0, 1)
+    terms is ~sqrt(n) times smaller than the sum of their magnitudes, and its relative error
+    that much larger: the GPU tier drew 5e-6 for 67451 terms); half types stay at N(0, 1) so
+    long sums fit float16's range (tests/test_gpu_ops.py draws its sums the same way)."""
     x = _gpu().random_normal(case.shape, case.dtype, seed)
     if case.dtype in ("float32", "float64"):
         x += 3
