@@ -652,6 +652,14 @@ static PyObject *declared_find(Finder *f, PyObject *args, PyObject *kwargs) {
             Py_ssize_t t = 0, nt = PyTuple_GET_SIZE(admitted);
             while (t < nt && (PyObject *)Py_TYPE(v) != PyTuple_GET_ITEM(admitted, t)) t++;
             if (t == nt) goto miss;
+            /* a tuple option (attention's window) holds ints and Nones, each by its exact
+               type: (3.0, None) or (True, 0) equals a remembered (3, None) or (1, 0) as a key,
+               but is the checked path's to refuse */
+            if (PyTuple_CheckExact(v))
+                for (Py_ssize_t e = 0; e < PyTuple_GET_SIZE(v); e++) {
+                    PyObject *x = PyTuple_GET_ITEM(v, e);
+                    if (x != Py_None && !PyLong_CheckExact(x)) goto miss;
+                }
             PyTuple_SET_ITEM(key, k++, Py_NewRef(v));
         } else if (v != dflt) {
             goto miss;

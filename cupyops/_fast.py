@@ -462,7 +462,8 @@ class Declared:
     """A spec described rather than written: which of the operator's parameters are arrays
     (their signatures in the key, their values the inputs, in parameter order), which are
     options (their values in the key, each admitted by its exact type: a tuple of types,
-    ``type(None)`` among them where None is one) and which are fixed at their defaults
+    ``type(None)`` among them where None is one; a ``tuple`` value only if it holds ints and
+    Nones, by their exact types) and which are fixed at their defaults
     (``out=None``, ``return_lse=False``: any other value is the checked path's). The names
     and defaults come from the operator itself (``bind``, which foreign_arrays calls), so a
     parameter added to an operator and not declared here fails at import. The key is the
@@ -523,8 +524,8 @@ class Declared:
                 key.append(sig(v))
                 arrays.append(v)
             elif part is OPTION:
-                if type(v) not in admitted:
-                    return None
+                if type(v) not in admitted or (type(v) is tuple and not all(e is None or type(e) is int for e in v)):
+                    return None  # (a tuple option holds ints and Nones: _cfast.c says why)
                 key.append(v)
             elif v is not default:
                 return None

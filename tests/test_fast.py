@@ -307,6 +307,32 @@ def test_fast_calls_find_only_the_checked_signature(fake, declared):
     assert len(seen) == 1
 
 
+def test_a_tuple_option_is_found_only_for_ints_and_nones(fake):
+    # attention's window=(left, right): (3.0, None) and (True, 0) equal (3, None) and (1, 0)
+    # as keys, but the checked path refuses them, so the fast path must not run them
+    seen = []
+    fast = _fast.FastCalls(_fast.Declared(arrays=("x",), options={"window": (type(None), tuple)}, fixed=("out",)))
+
+    def op(x, *, window=None, out=None):
+        seen.append(1)
+        y = FakeArray(x.shape, x.dtype)
+        launches = [(FakeFunction(), (1,), (32,), 0, (x, y))]
+        fast.offer(lambda: _fast.build((launches, launches), (x,), y))
+        return y
+
+    fast.bind(op)
+    x = FakeArray((4, 32), np.float32)
+    for window in ((3, None), (1, 0)):
+        fast.checked(op, (x,), {"window": window})
+    assert len(seen) == 2 and len(fast.cupy) == 2
+    for window in ((3, None), (1, 0)):
+        assert fast.run_cupy((x,), {"window": window}) is not None, window
+    for window in ((3.0, None), (True, 0), (1, False), [1, 0], (3, [None]), (np.int64(3), None)):
+        assert fast.run_cupy((x,), {"window": window}) is None, window
+        assert fast.spec(_fast.cupy_sig, x, window=window) is None, window
+    assert len(seen) == 2
+
+
 def test_a_declared_key_is_the_parameters_parts_in_order(fake):
     fast, op = _checked_op([], declared=True)
     x, w = FakeArray((4, 32), np.float32), FakeArray((32,), np.float32)

@@ -308,3 +308,39 @@ def test_torch_cuda_graph_takes_the_fast_paths(monkeypatch):
         torch.cuda.synchronize()
         assert isinstance(got[op], torch.Tensor)
         same_bits(got[op], want, f"{op} replayed")
+
+
+def test_windows_are_remembered_each_and_bad_ones_still_refused():
+    # window=(left, right) is a part of the fast path's key (attention and attention_paged):
+    # each window its own remembered call with the checked path's bits, and a window the
+    # checked path refuses (a float or bool side) is refused with one of ints remembered
+    from cupyops.ops import paged
+    from test_gpu_paged import build_cache
+
+    cp = _cp()
+    make, _ = OPS["attention"]
+    o = make("bfloat16", 5)
+    rng = np.random.default_rng(3)
+    lens = np.array([300, 77, 512], np.int32)
+    kc, vc, table = build_cache(rng, "bfloat16", lens, 16, 2, 64)
+    pq = rng.standard_normal((3, 1, 8, 64)).astype(kc.dtype)
+    kc, vc, table, lens, pq = (cp.asarray(x) for x in (kc, vc, table, lens, pq))
+    calls = {
+        "attention": (attention_op._FAST, lambda w: cupyops.attention(o["q"], o["k"], o["v"], causal=True,
+                                                                      causal_align="bottom_right", window=w)),
+        "attention_paged": (paged._FAST["attention_paged"], lambda w: cupyops.attention_paged(pq, kc, vc, table, lens,
+                                                                                              window=w)),
+    }
+    for name, (fast, call) in calls.items():
+        spec, fast.spec = fast.spec, lambda *args, **kwargs: None  # checked_only for this op
+        try:
+            want = {w: call(w) for w in ((100, 0), (300, None), None)}
+        finally:
+            fast.spec = spec
+        for _ in range(3):
+            for w in want:
+                same_bits(call(w), want[w], f"{name} window {w}")
+        assert sum(any(part == (100, 0) for part in key[0]) for key in fast.cupy) == 1, name
+        for bad in ((100.0, 0), (True, 0)):
+            with pytest.raises(TypeError, match="^window: "):
+                call(bad)

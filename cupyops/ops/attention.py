@@ -79,9 +79,9 @@ def auto_impl(p, hopper=False):
 # ------------------------------------------------------------------------- public API
 # the fast path's signature (cupyops/_fast.py): the layouts of q, k, v and the options, for
 # calls with no out= and no LSE
-_FAST = _fast.FastCalls(_fast.Declared(arrays=("q", "k", "v"), fixed=("return_lse", "out", "window"), options={
-    "causal": bool, "causal_align": str, "scale": (type(None), float), "softcap": (type(None), float),
-    "layout": str, "impl": str}))
+_FAST = _fast.FastCalls(_fast.Declared(arrays=("q", "k", "v"), fixed=("return_lse", "out"), options={
+    "causal": bool, "causal_align": str, "scale": (type(None), float), "window": (type(None), tuple),
+    "softcap": (type(None), float), "layout": str, "impl": str}))
 
 
 @foreign_arrays(fast=_FAST)

@@ -67,8 +67,9 @@ def _fast_spec_append(sig, k_cache, v_cache, k, v, block_table, positions):
 # merge_attention_states's: the four arrays' layouts
 _FAST = {"attention_paged": _fast.FastCalls(_fast.Declared(
              arrays=("q", "k_cache", "v_cache", "block_table", "seq_lens"),
-             fixed=("cu_seqlens_q", "max_seqlen_q", "return_lse", "out", "window"),
-             options={"causal": bool, "scale": (type(None), float), "softcap": (type(None), float), "impl": str})),
+             fixed=("cu_seqlens_q", "max_seqlen_q", "return_lse", "out"),
+             options={"causal": bool, "scale": (type(None), float), "window": (type(None), tuple),
+                      "softcap": (type(None), float), "impl": str})),
          "kv_cache_append": _fast.FastCalls(_fast_spec_append),
          "merge_attention_states": _fast.FastCalls(_fast.Declared(arrays=("o_a", "lse_a", "o_b", "lse_b")))}
 
