@@ -21,6 +21,7 @@ import numpy as np
 
 import cupyops
 from cupyops import reference
+from cupyops.bench.operators import visible_pairs
 from cupyops.bench.runners import random_normal
 from cupyops.bench.timing import L2Flusher, time_gpu
 
@@ -38,17 +39,8 @@ VARLEN = [256, 4096, 1024, 3000, 512, 2048, 777, 4096]  # Mistral prefill of mix
 
 
 def pairs(sq, skv, causal, window):
-    """(query, key) pairs that some mask leaves visible, bottom-right aligned."""
-    i = np.arange(sq)[:, None] + (skv - sq)
-    j = np.arange(skv)[None, :]
-    vis = np.ones((sq, skv), bool) if not causal else j <= i
-    if window is not None:
-        left, right = window
-        if left is not None and left >= 0:
-            vis &= j >= i - left
-        if right is not None and right >= 0:
-            vis &= j <= i + right
-    return int(vis.sum())
+    """(query, key) pairs that the masks leave visible, bottom-right aligned."""
+    return visible_pairs(sq, skv, causal, skv - sq, window)
 
 
 def check(got, q, k, v, causal, window, softcap, rows=512):

@@ -182,6 +182,24 @@ def gemm(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
     return y
 
 
+def attention_mask(Sq, Skv, causal=False, offset=0, window=None):
+    """The keys each query row sees, bool [Sq, Skv]: row i sees key j iff j <= i + offset
+    under ``causal`` and i + offset - left <= j <= i + offset + right under ``window`` (left,
+    right) (None or -1: that side unlimited). ``offset``: 0 for "top_left", kv_len - q_len
+    for "bottom_right" (any int: the kernels' causal_offset)."""
+    left, right = window if window is not None else (None, None)
+    left, right = (None if w is None or w == -1 else w for w in (left, right))
+    pos, key = np.arange(Sq)[:, None] + offset, np.arange(Skv)[None, :]
+    seen = np.ones((Sq, Skv), dtype=bool)
+    if causal:
+        seen &= key <= pos
+    if right is not None:
+        seen &= key <= pos + right
+    if left is not None:
+        seen &= key >= pos - left
+    return seen
+
+
 def attention(q, k, v, causal=False, causal_align="top_left", scale=None, layout="bshd",
               return_lse=False, window=None, softcap=None):
     """Scaled dot-product attention in float64, with cupyops.attention's semantics: layout
@@ -206,17 +224,7 @@ def attention(q, k, v, causal=False, causal_align="top_left", scale=None, layout
     s = scale * np.matmul(q, np.swapaxes(k, -1, -2))  # [B, Hq, Sq, Skv]
     if softcap:
         s = softcap * np.tanh(s / softcap)
-    left, right = window if window is not None else (None, None)
-    left, right = (None if w is None or w == -1 else w for w in (left, right))
-    offset = Skv - Sq if causal_align == "bottom_right" else 0
-    pos, key = np.arange(Sq)[:, None] + offset, np.arange(Skv)[None, :]
-    seen = np.ones((Sq, Skv), dtype=bool)
-    if causal:
-        seen &= key <= pos
-    if right is not None:
-        seen &= key <= pos + right
-    if left is not None:
-        seen &= key >= pos - left
+    seen = attention_mask(Sq, Skv, causal, Skv - Sq if causal_align == "bottom_right" else 0, window)
     s = np.where(seen, s, -np.inf)
     m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
     m_safe = np.where(np.isneginf(m), 0.0, m)  # rows that see nothing: exp(-inf) = 0, no NaN

@@ -3,6 +3,7 @@ the reports are fed fabricated rows, the plan a fabricated variant table."""
 import json
 import math
 import importlib.util
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cupyops import reference
 from cupyops.bench import cases, cli, report
 from host_cupy import HostArray, host_normal
 
@@ -510,6 +512,11 @@ def test_visible_pairs_are_counted_exactly(Sq, Skv):
     assert cases.visible_pairs(Sq, Skv) == Sq * Skv
     for offset in (0, Skv - Sq, -3, 5):
         assert cases.visible_pairs(Sq, Skv, True, offset) == brute_pairs(Sq, Skv, True, offset), offset
+    # with sliding windows: the reference's mask, summed
+    for causal, offset, window in itertools.product((False, True), (0, Skv - Sq, -3, 5),
+                                                    ((2, None), (None, 1), (0, 0), (3, 2), (None, -1), (40, 40))):
+        want = int(reference.attention_mask(Sq, Skv, causal, offset, window).sum())
+        assert cases.visible_pairs(Sq, Skv, causal, offset, window) == want, (causal, offset, window)
 
 
 def test_attention_flops_and_bytes():

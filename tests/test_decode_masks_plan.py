@@ -20,16 +20,8 @@ LN2 = 0.6931471805599453
 
 
 def _visible(i, Skv, causal, off, wl, wr):
-    """The keys row i sees, by the definition (kernels/attention_common.cuh)."""
-    j = np.arange(Skv)
-    seen = np.ones(Skv, dtype=bool)
-    if causal:
-        seen &= j <= i + off
-    if wl >= 0:
-        seen &= j >= i + off - wl
-    if wr >= 0:
-        seen &= j <= i + off + wr
-    return seen
+    """The keys row i sees, by the definition (the reference's mask)."""
+    return reference.attention_mask(i + 1, Skv, causal, off, (wl, wr))[i]
 
 
 @pytest.mark.parametrize("Skv, Sq, causal, off, wl, wr", [

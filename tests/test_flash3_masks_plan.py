@@ -7,7 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
+from cupyops import reference
 from cupyops.ops import _attention_flash3 as W
+from cupyops.ops._attention_decode import first_key, key_end
 from attention_stubs import problem
 
 
@@ -48,25 +50,14 @@ def test_windows_choose_tiles_and_groups_by_the_keys_a_row_sees():
     assert W.head_group(dataclasses.replace(p, window_left=1023), l2) == 32
 
 
-# A model of kv_range (kernels/attention_flash3.cu) and of the attention_common.cuh
-# helpers it calls, in the kernel's int arithmetic.
-def _first_key(i, win_left, off):
-    return 0 if win_left < 0 else max(i + off - win_left, 0)
-
-
-def _key_end(i, skv, causal, off, win_right):
-    end = skv if not causal else (0 if i + off < 0 else min(i + off + 1, skv))
-    if win_right < 0:
-        return end
-    last = i + off + win_right
-    return 0 if last < 0 else min(last + 1, end)
-
-
+# A model of kv_range (kernels/attention_flash3.cu), on the models of the attention_common.cuh
+# helpers it calls (_attention_decode's, checked against the definition in
+# tests/test_decode_masks_plan.py), in the kernel's int arithmetic.
 def _kv_range(q0, br, bc, sq, skv, causal, off, wl, wr):
     if q0 >= sq:
         return 0, 0
-    end = _key_end(min(q0 + br, sq) - 1, skv, causal, off, wr)
-    first = _first_key(q0, wl, off)
+    end = key_end(min(q0 + br, sq) - 1, skv, causal, off, wr)
+    first = first_key(q0, wl, off)
     if end <= first:
         return 0, 0
     j0 = first // bc
@@ -79,15 +70,8 @@ def _kv_range(q0, br, bc, sq, skv, causal, off, wl, wr):
 @pytest.mark.parametrize("br, bc", [(128, 128), (192, 128), (128, 176), (128, 80)])
 def test_the_tile_range_covers_every_visible_key_and_no_tile_beyond(sq, skv, causal, wl, wr, br, bc):
     for off in {0, skv - sq}:
-        i = np.arange(sq)[:, None]
         j = np.arange(skv)[None, :]
-        mask = np.ones((sq, skv), bool)  # the reference's mask (cupyops.reference.attention)
-        if causal:
-            mask &= j <= i + off
-        if wl >= 0:
-            mask &= j >= i + off - wl
-        if wr >= 0:
-            mask &= j <= i + off + wr
+        mask = reference.attention_mask(sq, skv, causal, off, (wl, wr))
         for q0 in range(0, sq, br):
             rows = mask[q0:q0 + br]
             j0, n = _kv_range(q0, br, bc, sq, skv, causal, off, wl, wr)
@@ -101,5 +85,5 @@ def test_the_tile_range_covers_every_visible_key_and_no_tile_beyond(sq, skv, cau
             assert seen[0] // bc == j0 and seen[-1] // bc == j0 + n - 1
             # each row's [first_key, key_end) is its mask row, as the consumers mask it
             for r in range(rows.shape[0]):
-                lo, hi = _first_key(q0 + r, wl, off), _key_end(q0 + r, skv, causal, off, wr)
+                lo, hi = first_key(q0 + r, wl, off), key_end(q0 + r, skv, causal, off, wr)
                 assert np.array_equal(rows[r], (j[0] >= lo) & (j[0] < hi))

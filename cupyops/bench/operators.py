@@ -567,14 +567,24 @@ ATTENTION_SLOW_RULE = ("attention: naive when its B*Hq*Sq*Skv float32 scores exc
                        "naive/tiled/flash_v1 above 2^40 FLOP, decode above 16 query rows")
 
 
-def visible_pairs(Sq, Skv, causal=False, causal_offset=0):
-    """(query, key) pairs attention computes: Sq * Skv, or under a causal mask the exact
-    count sum_i clamp(i + causal_offset + 1, 0, Skv) (row i sees keys j <= i + offset;
-    top_left: offset 0, bottom_right: Skv - Sq)."""
-    if not causal:
+def visible_pairs(Sq, Skv, causal=False, causal_offset=0, window=None):
+    """(query, key) pairs attention computes, counted exactly row by row without the mask
+    (reference.attention_mask's, summed): row i sees keys [lo, hi) with hi = Skv, cut to
+    j <= i + offset under a causal mask and j <= i + offset + right under a window (left,
+    right), and lo = i + offset - left under a left side (None or -1: unlimited); top_left:
+    offset 0, bottom_right: Skv - Sq."""
+    left, right = window if window is not None else (None, None)
+    left, right = (-1 if w is None else w for w in (left, right))
+    if not causal and left < 0 and right < 0:
         return Sq * Skv
-    seen = np.clip(np.arange(Sq, dtype=np.int64) + (causal_offset + 1), 0, Skv)
-    return int(seen.sum())
+    diag = np.arange(Sq, dtype=np.int64) + causal_offset  # each row's key at offset 0
+    hi = np.full(Sq, Skv, dtype=np.int64)
+    if causal:
+        hi = np.minimum(hi, diag + 1)
+    if right >= 0:
+        hi = np.minimum(hi, diag + right + 1)
+    lo = np.maximum(diag - left, 0) if left >= 0 else np.zeros(Sq, dtype=np.int64)
+    return int(np.clip(hi - lo, 0, None).sum())
 
 
 def _attention_flops(case):
