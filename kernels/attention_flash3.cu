@@ -55,9 +55,12 @@
 //     mask, heads in groups whose K and V stay in L2); in a persistent grid the producer
 //     loads the next tile's Q and K/V while the consumers finish the last P V and the
 //     epilogue of this one;
-//   - the epilogue divides by the row sum and rounds O into registers; with the overlapped
-//     schedules its stores (two elements a 4-byte store) go out after the next work tile's
-//     first S = Q K^T is issued; the LSE is (m + log2(l)) * ln 2.
+//   - the epilogue divides by the row sum and rounds O to T; the LSE is (m + log2(l)) *
+//     ln 2. Where a block has two Q buffers and the schedule overlaps (TMA_EPILOGUE), a
+//     warpgroup writes its O rows over its own rows of the tile's Q buffer and stores them
+//     by tensor copies; else (and for a packed sequence's last rows) from registers (two
+//     elements a 4-byte store), after the next work tile's first S = Q K^T is issued
+//     where the schedule overlaps.
 //
 // Shared memory (1024-byte aligned for the 128-byte swizzle): Q (QStages buffers) as NC x DP
 // pieces of 64 rows x 64 head_dim (DP = cdiv(D, 64); 8 KB each: consumer warpgroup w's rows
@@ -74,9 +77,9 @@
 //   block 128 (NC + 1); 1-D grid of one block an SM (persistent) or one a work tile
 //   (cdiv(Sq, BR) * Hq * B tiles, BR = 64 NC, WorkTiles); dynamic shared memory QSTAGES *
 //   BR * DPAD * 2 + STAGES * 2 * BC * DPAD * 2 + 1 KB (alignment) + 32 * STAGES + 16 *
-//   QSTAGES (DPAD: D rounded up to 64). Tensor maps of Q, K, V: 4-D (D, rows, heads, batch)
-//   of 16-bit elements with the 128-byte swizzle, boxes (64, 64, 1, 1) for Q, (64, BC, 1, 1)
-//   for K and V. Needs 16-byte aligned tensors with strides that are multiples of 16 bytes
+//   QSTAGES (DPAD: D rounded up to 64). Tensor maps of Q, K, V, O: 4-D (D, rows, heads,
+//   batch) of 16-bit elements with the 128-byte swizzle, boxes (64, 64, 1, 1) for Q and O,
+//   (64, BC, 1, 1) for K and V. Needs 16-byte aligned tensors with strides that are multiples of 16 bytes
 //   (the launcher checks). causal, causal_offset, win_left, win_right, softcap: as
 //   attention_common.cuh has them, in any combination (for packed sequences each
 //   sequence's offset replaces causal_offset, SeqView). head_group: WorkTiles' group. cu_q,
@@ -97,6 +100,9 @@ enum Sched { SERIAL = 0, OVERLAP = 1, PINGPONG = 2 };
 enum Masks { WINDOW = 1, CAP = 2 };
 // Named barriers 1 .. NC: "consumer warpgroup w may issue its wgmmas" (PINGPONG).
 constexpr int TURN_BARRIER = 1;
+// Named barriers 4 .. 3 + NC: consumer warpgroup w's output is staged (the tensor-store
+// epilogue).
+constexpr int EPILOGUE_BARRIER = 4;
 // How far (log2 units) a row's max may rise above the m its P is made against (Consumer::softmax).
 constexpr float RESCALE_SLACK = 8.f;
 
@@ -376,7 +382,8 @@ template <typename T, int HD, int BC, int STAGES, int BR> struct Consumer {
 template <typename T, int HD, int BC, int STAGES, int SCHED, int NC, int MASKS>
 __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
     attention_flash3(ATTN_PARAMS(T), const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapK,
-                     const __grid_constant__ TmaMap mapV, int head_group, const int* __restrict__ cu_q,
+                     const __grid_constant__ TmaMap mapV, const __grid_constant__ TmaMap mapO, int head_group,
+                     const int* __restrict__ cu_q,
                      const int* __restrict__ cu_k, int total_q, int total_k, int bottom_right) {
     using namespace fa3;
     // MASKS: what the launch has (the launcher's choice). Without WINDOW the window's sides
@@ -538,6 +545,60 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
         }
         out.valid = false;
     };
+    // The tensor-store epilogue (where a work tile has two Q buffers and the overlapped
+    // schedules): a warpgroup writes its 64 rows of O / l, rounded to T, over its own rows
+    // of the tile's Q buffer (the same 64 x 64 pieces in the 128-byte swizzle: its S = Q K^T
+    // are all done), and its first thread stores them with tensor copies of O's map, which
+    // clip the rows past the tensor. Direct stores (32 4-byte stores a thread, 8 rows x 16
+    // bytes a warp instruction) took ~1800 cycles of a 64-row epilogue on an H100, and the
+    // next tile's first softmax, whose shuffles share the memory-instruction queue with them,
+    // ~1000 more (an instrumented kernel: NOTES). The Q buffer goes back to the producer
+    // once the copies have read it (q_held: checked after the next tile's first S = Q K^T
+    // is issued, by then long done). A packed sequence's last tile, whose rows run into the
+    // next sequence's, stores directly.
+    constexpr bool TMA_EPILOGUE = QSTAGES == 2 && SCHED != SERIAL;
+    bool q_held = false;  // (TMA_EPILOGUE) the last tile's Q buffer awaits its stores' reads
+    unsigned q_held_it = 0;
+    auto give_back_q = [&] {
+        if (q_held && leader) {
+            bulk_wait_read<0>();
+            qpipe.consumer_release(q_held_it);
+        }
+        q_held = false;
+    };
+    auto finish_tma = [&](int q0, int h, const SeqView& sv, unsigned q_it) {
+        if (cu_q != nullptr && q0 + 64 * w + 64 > sv.Sq) {  // a packed sequence's last rows
+            finish(q0, h, sv);
+            store();
+            if (leader) qpipe.consumer_release(q_it);
+            return;
+        }
+        float inv[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float lt = c.l[hh];
+            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+            inv[hh] = lt > 0.f ? __frcp_rn(lt) : 0.f;
+            const int i = q0 + 64 * w + 16 * warp + lane / 4 + 8 * hh;
+            if (LSE != nullptr && lane % 4 == 0 && i < sv.Sq)
+                LSE[sv.lse_row + i] = lt > 0.f ? (c.m[hh] + log2f(lt)) * attn::LN2 : -CUOPS_INF;
+        }
+        const unsigned buf = q_smem + qpipe.stage(q_it) * L::Q_BYTES + w * L::DP * PIECE;
+        auto value = [&](int i, int hh, int) { return c.o[i] * inv[hh]; };
+#pragma unroll
+        for (int j = 0; j < HD / 8; ++j) stage_8_columns<T>(value, buf + (j / 8) * PIECE, j % 8, j);
+        fence_proxy_async();  // (these writes before the tensor copies read them)
+        named_barrier_sync(EPILOGUE_BARRIER + w, WG);
+        if (leader) {
+#pragma unroll
+            for (int p = 0; p < L::DP; ++p)  // (head_dim 96: the columns past it are clipped)
+                tma_store_4d(&mapO, buf + p * PIECE, 64 * p, sv.q_row + q0 + 64 * w, h, sv.b);
+            bulk_commit();
+        }
+        q_held = true;
+        q_held_it = q_it;
+    };
     // A work tile's running state, from no key seen; j0: its first K/V tile.
     auto start = [&](int q0, const SeqView& sv, int j0) {
 #pragma unroll
@@ -596,6 +657,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
             // (an earlier arrival could complete the stage's previous empty phase).
             join_turns();
             if (out.valid) store();
+            if constexpr (TMA_EPILOGUE) give_back_q();
             for (int j = 0; j <= tiles; ++j) {
                 if (j < tiles) kpipe.consumer_wait(kv + j);
                 if (j > 0) vpipe.consumer_wait(kv + j - 1);
@@ -612,6 +674,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
             c.issue_s(s, kv);
             your_turn();
             if (out.valid) store();  // (the last tile's, under this one's first S = Q K^T)
+            if constexpr (TMA_EPILOGUE) give_back_q();
             wgmma_wait<0>();
             fence_regs(s);
             if (leader) kpipe.consumer_release(kv);
@@ -635,8 +698,9 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
                 if (leader) vpipe.consumer_release(kv + j - 1);
                 c.pack(pa, s);
             }
-            // every S = Q K^T of the tile is done: the producer may bring the next Q
-            if (leader) qpipe.consumer_release(q_it);
+            // every S = Q K^T of the tile is done: the producer may bring the next Q (with
+            // the tensor-store epilogue, once the stores have read the buffer)
+            if (!TMA_EPILOGUE && leader) qpipe.consumer_release(q_it);
             c.rescale(alpha);
             vpipe.consumer_wait(kv + tiles - 1);
             my_turn();
@@ -644,11 +708,15 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
             your_turn();
             c.wait_pv(pa);
             if (leader) vpipe.consumer_release(kv + tiles - 1);
-            finish(q0, h, sv);
+            if constexpr (TMA_EPILOGUE)
+                finish_tma(q0, h, sv, q_it);
+            else
+                finish(q0, h, sv);
         }
         ++q_it;
         kv += tiles;
     }
     if (out.valid) store();
+    if constexpr (TMA_EPILOGUE) give_back_q();  // (and the block's last stores have read shared memory)
     if (token_in_play && w == 0) my_turn();  // the last consumer's last hand-over (PINGPONG)
 }

@@ -7,7 +7,7 @@
 //                      (the it-th use of the ring), never from a hand-kept bitmask
 //   tensor copies      tma_load_3d (ptx.cuh: it serves the sm_90 mma feed too), its cluster
 //                      multicast form, tma_load_4d, and tensor stores from shared memory
-//                      (bulk groups)
+//                      (3-D and 4-D; bulk groups)
 //   clusters           the block's rank, an arrival on another block's barrier
 //   wgmma              shared-memory matrix descriptors of 128-byte-swizzled tiles (both
 //                      operand majors), fence / commit_group / wait_group, m64nNk16 (N = 128,
@@ -155,6 +155,14 @@ __device__ __forceinline__ void tma_store_3d(const TmaMap* map, unsigned src, in
     asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
                      reinterpret_cast<unsigned long long>(map)),
                  "r"(src), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
+// tma_store_3d with a fourth coordinate (a 4-D map: attention's O, (head_dim, rows, heads,
+// batch)).
+__device__ __forceinline__ void tma_store_4d(const TmaMap* map, unsigned src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(
+                     reinterpret_cast<unsigned long long>(map)),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                  : "memory");
 }
 // Closes the bulk group of the tensor stores this thread issued since the last commit.

@@ -95,12 +95,11 @@ CAUSAL_CONFIG = {64: "m192c128s3p_pg", 96: "c128s2p", 128: "c128s2p", 256: "c80s
 # (bf16, H100, results/h100-attention-flash3-sweep-tiles.txt) against 128 and 64: head_dim 64
 # 0.92x cuDNN against 0.87x without a mask, 0.86x against 0.84x causal; head_dim 256 0.98x
 # against 0.94x, 1.10x against 1.05x.
-# Without a mask, head_dim 128 takes key tiles of 176 (FlashAttention-3's choice) from this
-# many keys: measured (bf16, H100 and H200, NOTES 73, 81) 2-8 % faster than tiles of 128 at
-# 16384 keys in four runs of five; at 4096 0-4 % slower in five runs of five since the
-# consumers' changes of NOTES 81 (0.8 % faster before them); 2.4 % slower at 1024, where
-# the 6 tiles of 176 round 1024 keys up to 1056.
-LONG_KV = 8192
+# Head_dim 128's key tiles of 176 (FlashAttention-3's choice) were the default from 8192
+# keys a row (2-8 % faster than 128 at 16384 keys, NOTES 73, 81) until the tensor-store
+# epilogue, which needs the second Q buffer that 176-key rings leave no room for: since
+# then tiles of 128 are 1.5-2 % faster at 16384 keys and 3-4.5 % at 8192 (bf16, H100,
+# NOTES 117). The 176-key configurations stay as rungs of the ladder.
 # A head group's K and V (what its work tiles read again and again) are kept to this share
 # of the L2 cache (head_group), by default: 0 (a group is one KV head's query heads) without
 # a mask, where the order did not matter within 1 %; half of L2 under a causal mask, where it
@@ -176,13 +175,15 @@ def map_spec(arr_ptr, strides, rows, heads, batch, hd, box_rows):
 
 
 def _specs(p, cfg):
-    """The tensor maps of Q, K and V: (head_dim, rows, heads, batch), or for packed
-    sequences (head_dim, packed rows, heads, 1)."""
+    """The tensor maps of Q, K, V and O: (head_dim, rows, heads, batch), or for packed
+    sequences (head_dim, packed rows, heads, 1). O's map serves the tensor-store epilogue
+    (boxes of 64 rows, as Q's)."""
     bc = CONFIGS[p.D][cfg].bc
     q_rows, kv_rows, batch = (p.total_q, p.total_k, 1) if p.varlen else (p.Sq, p.Skv, p.B)
     return [map_spec(p.Q.data.ptr, p.q_strides, q_rows, p.Hq, batch, p.D, 64),
             map_spec(p.K.data.ptr, p.k_strides, kv_rows, p.Hkv, batch, p.D, bc),
-            map_spec(p.V.data.ptr, p.v_strides, kv_rows, p.Hkv, batch, p.D, bc)]
+            map_spec(p.V.data.ptr, p.v_strides, kv_rows, p.Hkv, batch, p.D, bc),
+            map_spec(p.O.data.ptr, p.o_strides, q_rows, p.Hq, batch, p.D, 64)]
 
 
 def supports(impl, p, config=None):
@@ -195,7 +196,7 @@ def supports(impl, p, config=None):
     if reason is None and work_tiles(p) > MAX_WORK_TILES:
         reason = f"q: flash3 supports at most {MAX_WORK_TILES} work tiles (q_len / {BR} x heads x batch)"
     if reason is None and None in _specs(p, config or default_config(p)):
-        reason = "q: flash3 needs q, k and v describable by tensor maps (strides multiples of 16 bytes)"
+        reason = "q: flash3 needs q, k, v and out describable by tensor maps (strides multiples of 16 bytes)"
     return reason
 
 
@@ -228,13 +229,11 @@ def head_group(p, l2_bytes, share=None):
 
 
 def default_config(p):
-    """The configuration ``config=None`` takes: CAUSAL_CONFIG under a causal mask; else key
-    tiles of 176 at head_dim 128 where a row sees LONG_KV keys or more (kv_len, or a sliding
-    window's width: what a work tile loops over), else the head_dim's first (a persistent
-    grid; for packed sequences its one-block-a-tile twin)."""
+    """The configuration ``config=None`` takes: CAUSAL_CONFIG under a causal mask, else the
+    head_dim's first (a persistent grid; for packed sequences its one-block-a-tile twin)."""
     if p.causal:
         return CAUSAL_CONFIG[p.D]
-    cfg = "c176s2p_pg" if p.D == 128 and row_keys(p) >= LONG_KV else next(iter(CONFIGS[p.D]))
+    cfg = next(iter(CONFIGS[p.D]))
     # Packed sequences of mixed lengths make work tiles of unequal length, as a causal mask
     # does: one block a tile (the hardware hands the next to the SM that frees first).
     # Measured (H100, fp16, 8 sequences of 256..4096, head_dim 128, NOTES 91): 569 against
@@ -276,7 +275,7 @@ def launch(impl, p, config=None, l2_share=None):
         raise ValueError(reason)
     cfg = config or default_config(p)
     maps = []
-    for arr, name, (dims, strides, box) in zip((p.Q, p.K, p.V), "qkv", _specs(p, cfg)):
+    for arr, name, (dims, strides, box) in zip((p.Q, p.K, p.V, p.O), ("q", "k", "v", "out"), _specs(p, cfg)):
         m = _tma.encode_tiled(arr.data.ptr, dims, strides, box)
         if m is None:
             raise RuntimeError(f"attention: the driver refused the tensor map of {name} (dims {dims}, byte strides "
