@@ -613,14 +613,26 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
         for (int i = 0; i < L::DPAD / 2; ++i) c.o[i] = 0.f;
     };
 
+    // The block's next work tile: WorkTiles::at's divisions took ~900 cycles at a tile's
+    // start on an H100 (an instrumented kernel, NOTES), where the tensor cores wait for the
+    // tile's first S = Q K^T; the overlapped schedules find it while that S = Q K^T runs.
+    // Not where registers are tightest (three consumers, head_dim 256, soft caps): holding
+    // the next tile across the loop spilled there, so those find each tile at its start.
+    constexpr bool EARLY_NEXT = NC == 2 && HD <= 128 && !CAPPED;
+    int nq0 = 0, nh = 0, nb = 0;
+    auto find_next = [&](int t) {
+        if (EARLY_NEXT && t < work.count() - static_cast<int>(gridDim.x)) work.at(t + gridDim.x, nq0, nh, nb);
+    };
+    if (EARLY_NEXT && blockIdx.x < work.count()) work.at(blockIdx.x, nq0, nh, nb);
     unsigned q_it = 0, kv = 0;
     for (int t = blockIdx.x; t < work.count(); t += gridDim.x) {
-        int q0, h, b;
-        work.at(t, q0, h, b);
+        int q0 = nq0, h = nh, b = nb;
+        if constexpr (!EARLY_NEXT) work.at(t, q0, h, b);
         const SeqView sv = seq(b, h);
         int j0;
         const int tiles = kv_range<BC, BR>(q0, sv.Sq, sv.Skv, causal, sv.offset, win_left, win_right, j0);
         if (tiles == 0) {  // no key to see: zeros (none past the end of a packed sequence)
+            find_next(t);
             if (out.valid) store();
             start(q0, sv, 0);
             finish(q0, h, sv);
@@ -633,6 +645,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
         float s[BC / 2], alpha[2];
         unsigned pa[BC / 16][4];
         if constexpr (SCHED == SERIAL) {
+            find_next(t);
             for (int j = 0; j < tiles; ++j) {
                 kpipe.consumer_wait(kv + j);
                 c.issue_s(s, kv + j);
@@ -655,6 +668,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
             // of 192 rows can be two-thirds empty): no wgmma and no softmax; it only keeps
             // the protocol, taking its turns and releasing each stage after it was filled
             // (an earlier arrival could complete the stage's previous empty phase).
+            find_next(t);
             join_turns();
             if (out.valid) store();
             if constexpr (TMA_EPILOGUE) give_back_q();
@@ -675,6 +689,7 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
             your_turn();
             if (out.valid) store();  // (the last tile's, under this one's first S = Q K^T)
             if constexpr (TMA_EPILOGUE) give_back_q();
+            find_next(t);  // (under it too)
             wgmma_wait<0>();
             fence_regs(s);
             if (leader) kpipe.consumer_release(kv);
