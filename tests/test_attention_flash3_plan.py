@@ -129,3 +129,23 @@ def test_packed_sequences_take_one_block_a_tile_and_the_packed_rows_in_their_map
     assert cfg + "_pg" == W.default_config(dataclasses.replace(p, cu_q=None))
     dims = [spec[0] for spec in W._specs(p, cfg)]
     assert dims[0][1:] == (9000, p.Hq, 1) and dims[1][1:] == dims[2][1:] == (9100, p.Hkv, 1)
+    assert dims[3] == dims[0]  # out: the packed query rows (the tensor-store epilogue)
+
+
+def test_the_output_map_is_out_s_own():
+    # out in bhsd beside a bshd q (the epilogue stores through a map of out's strides), and
+    # an out whose strides no map describes makes flash3 refuse the problem, naming out
+    import dataclasses
+
+    from attention_stubs import array
+
+    p = _problem(D=128, Sq=300, Skv=300, Hq=8, Hkv=8, B=2)
+    S, H, D = 300, 8, 128
+    p = dataclasses.replace(p, O=array(1 << 21), o_strides=(H * S * D, D, S * D))
+    specs = W._specs(p, W.default_config(p))
+    assert specs[0][1] == (2 * H * D, 2 * D, 2 * S * H * D)  # q: bshd
+    assert specs[3] == ((D, S, H, 2), (2 * D, 2 * S * D, 2 * H * S * D), (64, 64, 1, 1))  # out: bhsd
+    bad = dataclasses.replace(p, o_strides=(H * S * D, D, -S * D))  # heads reversed: no map steps back
+    assert bad.aligned16()
+    assert W.supports("flash3", bad) == ("q: flash3 needs q, k, v and out describable by tensor maps "
+                                         "(strides multiples of 16 bytes)")
