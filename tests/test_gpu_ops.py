@@ -146,17 +146,15 @@ def check_kind(res, mode):
 
 # ---------------------------------------------------------------------------- comparisons
 def sum_tol(dtype, terms):
-    """TOLERANCE["reduce"], except float32 sums of many terms. A float32 sum done by one
-    thread in sequence (naive rows, reduce_strided, trace_naive, the naive second pass)
-    has a relative error of about 1.4e-8 * sqrt(terms) rms (measured; 2e-6 is reached
-    near 4000 terms), so the bound grows as 1.2e-7 * sqrt(terms) (> 6 sigma), capped at
-    1e-5 ("well under 1e-5", GUIDE.md). Integer tests check the indexing exactly."""
+    """TOLERANCE["reduce"], except float32 sums of many terms (one thread summing in
+    sequence: naive rows, reduce_strided, trace_naive, the naive second pass), whose bound
+    grows with sqrt(terms): reference.float32_sum_tolerance. Integer tests check the
+    indexing exactly."""
     if dtype in INTS:
         return None  # exact
-    tol = reference.TOLERANCE["reduce"][dtype]
     if dtype == "float32":
-        tol = min(1e-5, max(tol, 1.2e-7 * math.sqrt(terms)))
-    return tol
+        return reference.float32_sum_tolerance(terms)
+    return reference.TOLERANCE["reduce"][dtype]
 
 
 def _rounding_floor(ref, dtype):

@@ -159,13 +159,10 @@ def _sum_inputs(case, seed):
 
 
 def _sum_tolerance(case, tol):
-    """float32: a thread's sequential sum of n terms (the rows of the naive and vector rungs,
-    the second pass) errs by ~1.4e-8 sqrt(n) rms, so 1.2e-7 sqrt(n) (> 6 sigma), capped at
-    1e-5; n the terms of a result (tests/test_gpu_ops.py's sum_tol, measured there)."""
+    """float32: reference.float32_sum_tolerance of the terms of a result."""
     if case.dtype != "float32":
         return tol
-    terms = case.numel if case.axis is None else case.cols
-    return min(1e-5, max(tol, 1.2e-7 * math.sqrt(terms)))
+    return _ref().float32_sum_tolerance(case.numel if case.axis is None else case.cols, tol)
 
 
 def _trace_bytes(case):
