@@ -329,6 +329,16 @@ __device__ __forceinline__ void smem_sweep(const T* s, int len, int t, int G, bo
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// cluster_sync in two halves: every thread of the cluster arrives (with release: what this
+// thread wrote before, barrier inits among it, is visible to the cluster), and waits
+// (acquire) before it next depends on the other blocks; each thread arrives, then waits,
+// once a phase. cluster_arrive / cluster_wait: a whole warp at once; cluster_wait_thread:
+// one thread alone (a diverged producer thread).
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait_thread() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
 // Read a float from the shared memory of block `rank` of this cluster, at the address
 // where `local` sits in ours.
 // The address of `local`'s counterpart in the shared memory of cluster block `rank`.

@@ -24,7 +24,9 @@
 //                     With beta == 0 the epilogue goes through shared memory and tensor
 //                     stores, which drain while the next tile's wgmmas run. BN = 256, or
 //                     192 / 128 where the wide tiles would leave SMs idle; CLUSTER = 2 pairs
-//                     blocks on tiles stacked along M that multicast halves of their B.
+//                     blocks on tiles stacked along M that multicast halves of their B (the
+//                     ring's first fills copy B whole into each block, so that no copy waits
+//                     for the cluster's barrier).
 //   3. gemm_wgmma_ws_sk  the same with stream-K for the tiles past the last whole wave:
 //                     their k-tiles cut into one range a block, partial tiles handed from
 //                     block to block through a workspace and added in a fixed order.
@@ -93,14 +95,18 @@ template <bool TA, bool TB, int BM, int BN> struct Stage {
     // CLUSTER blocks that share the tile's columns (tiles of consecutive rows), block
     // `rank` copies its A and 1/CLUSTER of B, multicast to all: every block's stage
     // receives the whole B, and B is read from L2 once for the cluster.
-    template <int CLUSTER = 1>
+    // ALONE: every share of B copied into this block only (B's map still has boxes of one
+    // share's rows), for fills made before the cluster's barriers are known to exist.
+    template <int CLUSTER = 1, bool ALONE = false>
     __device__ __forceinline__ static void load(unsigned st, const TmaMap* ma, const TmaMap* mb, int kt, int m0,
                                                 int n0, int za, int zb, unsigned bar, int rank = 0) {
         load_operand<MN_A, BM>(st, ma, kt * BK, m0, za, bar);
         constexpr int PART = BN / CLUSTER;  // rows of B this block copies
         static_assert(CLUSTER == 1 || PART % 64 == 0, "a multicast share of B is whole 64-row pieces");
-        constexpr unsigned short ALL = CLUSTER == 1 ? 0 : (1u << CLUSTER) - 1;  // (0: no multicast)
-        load_operand<MN_B, PART, ALL>(st + A_BYTES + rank * PART * BK * 2, mb, kt * BK, n0 + rank * PART, zb, bar);
+        constexpr unsigned short ALL = CLUSTER == 1 || ALONE ? 0 : (1u << CLUSTER) - 1;  // (0: no multicast)
+#pragma unroll
+        for (int r = ALONE ? 0 : rank; r < (ALONE ? CLUSTER : rank + 1); ++r)
+            load_operand<MN_B, PART, ALL>(st + A_BYTES + r * PART * BK * 2, mb, kt * BK, n0 + r * PART, zb, bar);
     }
     // The wgmmas of one warpgroup over the stage at `st`: rows [a_row, a_row + 64) of the A
     // tile against the whole B tile, 4 steps of 16 K. accumulate false: the first k-tile
@@ -267,7 +273,10 @@ __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA
     // this block's stages (the cluster's, through the multicast of B).
     if (threadIdx.x == 0) pipe.init(2 * CLUSTER);
     __syncthreads();
-    if constexpr (CLUSTER > 1) cluster_sync();  // every block's barriers exist before any multicast
+    // Every block's barriers exist before any multicast: each thread arrives on the cluster
+    // barrier here and waits for it only before it first touches another block (NOTES 122):
+    // the producer before its first multicast, the consumers before their first release.
+    if constexpr (CLUSTER > 1) cluster_arrive();
 
     // The cluster walks units of CLUSTER tiles stacked along M (rank r takes the r-th): a
     // unit's tiles share their B columns. (A tile row past M, when TM is odd, is copied as
@@ -279,6 +288,7 @@ __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA
     const Schedule sched{total, SK ? dp_tiles : total, KT, sk_blocks};
     const long long first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
     const int b = static_cast<int>(blockIdx.x);
+    bool arrived = false;  // (a consumer: on the cluster barrier's closing phase)
     if (warpgroup() == 0) {  // producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x == 0) {
@@ -288,15 +298,26 @@ __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA
                 for (int kt = k0; kt < k1; ++kt, ++it) {
                     pipe.producer_acquire(it);
                     pipe.producer_expect(it, S::BYTES);
-                    S::template load<CLUSTER>(ring + pipe.stage(it) * S::BYTES, &mapA, &mapB, kt,
-                                              (u.tm * CLUSTER + rank) * 128, u.tn * BN, sA ? u.z : 0,
-                                              sB ? u.z : 0, pipe.full(it).addr, rank);
+                    const unsigned st = ring + pipe.stage(it) * S::BYTES;
+                    const int m0 = (u.tm * CLUSTER + rank) * 128, za = sA ? u.z : 0, zb = sB ? u.z : 0;
+                    if (CLUSTER > 1 && it < STAGES) {  // the ring's first fills: B copied whole, unicast
+                        S::template load<CLUSTER, true>(st, &mapA, &mapB, kt, m0, u.tn * BN, za, zb,
+                                                        pipe.full(it).addr);
+                    } else {
+                        if (CLUSTER > 1 && it == STAGES) cluster_wait_thread();
+                        S::template load<CLUSTER>(st, &mapA, &mapB, kt, m0, u.tn * BN, za, zb, pipe.full(it).addr,
+                                                  rank);
+                    }
                 }
             });
+            if (CLUSTER > 1 && it <= STAGES) cluster_wait_thread();
+        } else if (CLUSTER > 1) {
+            cluster_wait_thread();
         }
         __syncwarp();
     } else {  // consumers: warpgroup 1 computes rows 0-63 of the tile, warpgroup 2 rows 64-127
         setmaxnreg_inc<WS_CONSUMER_REGS>();
+        if constexpr (CLUSTER > 1) cluster_wait();  // (long before the first stage lands)
         const int a_row = 64 * (warpgroup() - 1);
         const bool leader = threadIdx.x % WG == 0;
         float acc[BN / 2];
@@ -315,6 +336,14 @@ __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA
             }
             wgmma_wait<0>();
             if (leader) pipe.template consumer_release<CLUSTER>(it - 1);
+            // After the last tile's last release this warpgroup touches no other block: it
+            // arrives on the closing cluster barrier now, and its epilogue hides the wait.
+            if constexpr (CLUSTER > 1) {
+                if (t + step >= sched.dp) {
+                    cluster_arrive();
+                    arrived = true;
+                }
+            }
             fence_regs(acc);
             if constexpr (SK) {
                 const int g = warpgroup() - 1;
@@ -358,7 +387,10 @@ __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA
         if (leader) bulk_wait_read<0>();  // the stores have read shared memory before the block ends
     }
     // No block leaves while another may still arrive on its barriers.
-    if constexpr (CLUSTER > 1) cluster_sync();
+    if constexpr (CLUSTER > 1) {
+        if (!arrived) cluster_arrive();
+        cluster_wait();
+    }
 }
 
 }  // namespace gwg
