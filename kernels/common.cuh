@@ -337,6 +337,11 @@ __device__ __forceinline__ void cluster_sync() {
 __device__ __forceinline__ void cluster_arrive() {
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
+// An arrival without release semantics: what this thread wrote before is not ordered by it
+// (mbarrier inits are, after fence.mbarrier_init.release.cluster: that fence is made for it).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait_thread() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
 // Read a float from the shared memory of block `rank` of this cluster, at the address
