@@ -77,14 +77,22 @@ def check_kind(a, mode):
         assert isinstance(a, _cp().ndarray), type(a)
 
 
-def assert_close(got, ref, dtype, what=""):
+def assert_close(got, ref, dtype, what="", allow=None):
     """rel_error within TOLERANCE["norm"] plus the reference's own rounding to ``dtype``,
-    over the whole array and row by row (last axis); NaN only where the reference has it."""
+    over the whole array and row by row (last axis); NaN only where the reference has it.
+    ``allow``: per element, an absolute error allowed where the reference is no larger
+    (there the element must be within it, and is left out of the relative comparison)."""
     got = np.asarray(host(got))
     ref = np.asarray(ref, np.float64)
     # the kernels compute in float32 with denormals flushed (-ftz=true): a result below
     # float32's smallest normal (gelu(-13.4) * 3.5 = -8.6e-40, found by Hypothesis) is 0
     ref = np.where(np.abs(ref) < np.finfo(np.float32).tiny, 0.0, ref)
+    if allow is not None:
+        small = np.abs(ref) <= allow
+        bad = small & ~(np.abs(got.astype(np.float64) - ref) <= allow)
+        assert not bad.any(), f"{what}: {np.count_nonzero(bad)} tiny outputs off by more than their allowance"
+        got = np.where(small, 0, got).astype(got.dtype)
+        ref = np.where(small, 0.0, ref)
     assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
     assert got.dtype == dt(dtype), f"{what}: dtype {got.dtype} != {dtype}"
     tol = reference.TOLERANCE["norm"][dtype]
@@ -138,6 +146,16 @@ def and_mul_ref(op, values, approx):
     return reference.silu_and_mul(values) if op == "silu_and_mul" else reference.gelu_and_mul(values, approx)
 
 
+def and_mul_allowance(values):
+    """The absolute error the kernels may make on act(a) * b below float32's range, |a b|
+    2^-125: silu and gelu(tanh) divide a by 1 + exp(..) with __fdividef, which gives 0 once
+    the divisor passes 2^126 (erfc underflows alike for gelu), where the exact quotient is
+    still a normal float (gelu_and_mul tanh, a near -10: ~1e-37 b, found by Hypothesis)."""
+    v = np.asarray(values, np.float64)
+    d = v.shape[-1] // 2
+    return np.abs(v[..., :d] * v[..., d:]) * 2.0**-125
+
+
 @pytest.mark.parametrize("op,impl,dtype,approx", AND_MUL)
 @HYPO
 @given(rows=st.sampled_from((1, 2, 3, 5, 17, 64)), lead=st.sampled_from(((), (2,), (3, 1))),
@@ -151,11 +169,12 @@ def test_and_mul_matches_reference(op, impl, dtype, approx, rows, lead, d, mode,
     what = f"{op}[{impl}] {dtype} {values.shape} {mode}"
     plain = and_mul(op, x, approx, impl=impl)
     check_kind(plain, mode)
-    assert_close(plain, ref, dtype, what)
+    allow = and_mul_allowance(values)
+    assert_close(plain, ref, dtype, what, allow)
     out = poisoned(ref.shape, dtype, mode)
     got = and_mul(op, x, approx, out=out, impl=impl)
     assert got is out
-    assert_close(out, ref, dtype, what + " out=")
+    assert_close(out, ref, dtype, what + " out=", allow)
     if mode != "offset":  # (a misaligned out= takes the element path: same math, same bits)
         same_bits(plain, out, what)
 
