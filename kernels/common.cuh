@@ -329,16 +329,13 @@ __device__ __forceinline__ void smem_sweep(const T* s, int len, int t, int G, bo
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// cluster_sync in two halves: every thread of the cluster arrives (with release: what this
-// thread wrote before, barrier inits among it, is visible to the cluster), and waits
-// (acquire) before it next depends on the other blocks; each thread arrives, then waits,
-// once a phase. cluster_arrive / cluster_wait: a whole warp at once; cluster_wait_thread:
-// one thread alone (a diverged producer thread).
-__device__ __forceinline__ void cluster_arrive() {
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-// An arrival without release semantics: what this thread wrote before is not ordered by it
-// (mbarrier inits are, after fence.mbarrier_init.release.cluster: that fence is made for it).
+// cluster_sync in two halves: every thread of the cluster arrives, and waits (acquire)
+// before it next depends on the other blocks; each thread arrives, then waits, once a
+// phase. The arrival is relaxed: with release semantics ptxas puts a fence of the whole
+// GPU before it (MEMBAR.ALL.GPU, ~1k cycles on an H100), so what this thread wrote before
+// is not ordered by it, except mbarrier inits after fence.mbarrier_init.release.cluster,
+// the fence made for this arrival. cluster_arrive_relaxed / cluster_wait: a whole warp at
+// once; cluster_wait_thread: one thread alone (a diverged producer thread).
 __device__ __forceinline__ void cluster_arrive_relaxed() {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
