@@ -87,14 +87,14 @@ def assert_close(got, ref, dtype, what="", allow=None):
     # the kernels compute in float32 with denormals flushed (-ftz=true): a result below
     # float32's smallest normal (gelu(-13.4) * 3.5 = -8.6e-40, found by Hypothesis) is 0
     ref = np.where(np.abs(ref) < np.finfo(np.float32).tiny, 0.0, ref)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    assert got.dtype == dt(dtype), f"{what}: dtype {got.dtype} != {dtype}"
     if allow is not None:
         small = np.abs(ref) <= allow
         bad = small & ~(np.abs(got.astype(np.float64) - ref) <= allow)
         assert not bad.any(), f"{what}: {np.count_nonzero(bad)} tiny outputs off by more than their allowance"
         got = np.where(small, 0, got).astype(got.dtype)
         ref = np.where(small, 0.0, ref)
-    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
-    assert got.dtype == dt(dtype), f"{what}: dtype {got.dtype} != {dtype}"
     tol = reference.TOLERANCE["norm"][dtype]
     with np.errstate(over="ignore", invalid="ignore"):
         floor = reference.rel_error(ref.astype(dt(dtype)), ref)
