@@ -33,6 +33,7 @@ def describable(address, *strides):
 DATA_UINT8 = 0  # 1-byte elements moved as they are (float8 e4m3 bits)
 DATA_UINT16 = 1  # 16-bit elements moved as they are (float16 and bfloat16 alike)
 INTERLEAVE_NONE = 0
+SWIZZLE_32B = 1
 SWIZZLE_128B = 3
 L2_PROMOTION_256B = 3
 OOB_FILL_ZEROS = 0

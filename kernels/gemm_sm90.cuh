@@ -50,29 +50,40 @@ struct TileOrder {
 };
 
 // The staging buffer of a consumer warpgroup's tensor-store epilogue: 64 rows x 128 columns
-// of a 16-bit type, as two 64 x 64 boxes in the 128-byte swizzle.
+// of a 16-bit type, as boxes of 64 rows in the swizzle of their width.
 constexpr unsigned STAGING_BYTES = 64 * 128 * 2;
 
 // Writes the 8-column block j of a warpgroup's 64 x N outputs (value(i, h, c): accumulator
-// i, the m64nN layout) into the staging box at `box` (64 x 64, 128-byte swizzle) as that
-// box's 8-column block `col8`: chunk col8 of row r sits at chunk col8 ^ (r % 8), so a
-// warp's 4-byte writes (8 rows x 4 column pairs) land in 32 distinct banks.
-template <typename T, typename Value>
+// i, the m64nN layout) into the staging box at `box` (64 rows of BOX_COLS columns, in the
+// swizzle of the row's width: 128 bytes for 64 columns, 32 bytes for 16) as that box's
+// 8-column block `col8`. The swizzle XORs the 16-byte chunk with address bits [7, 10)
+// (the mask: chunks a row less one): chunk col8 of row r sits at col8 ^ (r % 8) in 128-byte
+// rows, col8 ^ (r / 4 % 2) in 32-byte rows, and either way a warp's 4-byte writes (8 rows x
+// 4 column pairs) land in 32 distinct banks.
+template <typename T, int BOX_COLS = 64, typename Value>
 __device__ __forceinline__ void stage_8_columns(const Value& value, unsigned box, int col8, int j) {
+    static_assert(BOX_COLS == 64 || BOX_COLS == 32 || BOX_COLS == 16, "staging boxes of 16, 32 or 64 columns");
+    constexpr unsigned ROW_BYTES = BOX_COLS * 2, CHUNK_MASK = ROW_BYTES / 16 - 1;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = 16 * warp + lane / 4 + 8 * h, c = 8 * j + 2 * (lane % 4);
-        const unsigned addr = box + r * 128u + ((col8 ^ (r % 8)) << 4) + (lane % 4) * 4u;
+        const unsigned row = r * ROW_BYTES;
+        const unsigned addr = box + row + ((col8 ^ ((row >> 7) & CHUNK_MASK)) << 4) + (lane % 4) * 4u;
         const unsigned v = pack2<T>(value(4 * j + 2 * h, h, c), value(4 * j + 2 * h + 1, h, c + 1));
         asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
     }
 }
 
+// The columns of a tensor-store epilogue's box for a BN-column tile: 64 (the 128-byte
+// swizzle) where BN is whole such boxes, else 16 (the 32-byte swizzle; BN = 176). The
+// launcher's map of D has boxes of 64 rows x this many columns.
+template <int BN> __host__ __device__ constexpr int store_box_cols() { return BN % 64 == 0 ? 64 : 16; }
+
 // The epilogue of one warpgroup through shared memory and tensor stores, for a 16-bit D
-// described by tensor map `mapD` (boxes of 64 x 64): its 64 x BN outputs, value(i, h, c)
-// for accumulator i (the m64nN layout: row 16 * warp + lane / 4 + 8 * h, column c of the
-// tile), go out in parts of (at most) 128 columns, each staged in the 128-byte swizzle at
+// described by tensor map `mapD` (boxes of 64 rows x store_box_cols<BN>()): its 64 x BN
+// outputs, value(i, h, c) for accumulator i (the m64nN layout: row 16 * warp + lane / 4 +
+// 8 * h, column c of the tile), go out in parts of (at most) 128 columns, each staged at
 // `buf` (STAGING_BYTES, by stage_8_columns) and stored by the warpgroup's first thread.
 // The copy engine clips what lies past D's extent, so edges need no
 // masks. The stores run on while the warpgroup goes on to its next tile; only the staging
@@ -80,24 +91,25 @@ __device__ __forceinline__ void stage_8_columns(const Value& value, unsigned box
 template <typename T, int BN, typename Value>
 __device__ __forceinline__ void store_tile_tma(const Value& value, const TmaMap* mapD, unsigned buf, int m_row,
                                                int n0, int z, int bar_id, bool leader) {
-    static_assert(sizeof(T) == 2 && BN % 64 == 0, "tensor-store epilogue: 16-bit D, whole 64-column boxes");
-    constexpr int BOXES = BN / 64;
+    constexpr int BOX = store_box_cols<BN>(), BOX_BYTES = 64 * BOX * 2, PER_BOX = BOX / 8;  // (8-column blocks)
+    static_assert(sizeof(T) == 2 && BN % BOX == 0, "tensor-store epilogue: 16-bit D, whole boxes");
 #pragma unroll
-    for (int half = 0; half < (BOXES + 1) / 2; ++half) {
-        const int boxes = min(2, BOXES - 2 * half);  // (compile-time after unrolling)
+    for (int part = 0; part < (BN + 127) / 128; ++part) {
+        const int blocks = min(16, BN / 8 - 16 * part);  // 8-column blocks of this part (compile-time after unrolling)
         if (leader) bulk_wait_read<0>();  // the previous stores from buf have read it
         named_barrier_sync(bar_id, WG);
 #pragma unroll
         for (int jj = 0; jj < 16; ++jj) {
-            if (jj >= 8 * boxes) break;
-            // (the 8-column block 16 * half + jj of the accumulators)
-            stage_8_columns<T>(value, buf + (jj / 8) * 8192u, jj % 8, 16 * half + jj);
+            if (jj >= blocks) break;
+            // (the 8-column block 16 * part + jj of the accumulators)
+            stage_8_columns<T, BOX>(value, buf + (jj / PER_BOX) * BOX_BYTES, jj % PER_BOX, 16 * part + jj);
         }
         fence_proxy_async();  // these generic-proxy writes before the tensor store reads them
         named_barrier_sync(bar_id, WG);
         if (leader) {
-            tma_store_3d(mapD, buf, n0 + 128 * half, m_row, z);
-            if (boxes == 2) tma_store_3d(mapD, buf + 8192u, n0 + 128 * half + 64, m_row, z);
+#pragma unroll
+            for (int b = 0; b < 16 / PER_BOX; ++b)
+                if (b * PER_BOX < blocks) tma_store_3d(mapD, buf + b * BOX_BYTES, n0 + 128 * part + b * BOX, m_row, z);
             bulk_commit();
         }
     }

@@ -26,7 +26,10 @@
 //                     192 / 128 where the wide tiles would leave SMs idle; CLUSTER = 2 pairs
 //                     blocks on tiles stacked along M that multicast halves of their B (the
 //                     ring's first fills copy B whole into each block, so that no copy waits
-//                     for the cluster's barrier).
+//                     for the cluster's barrier). BN = 176 (pairs, a K-major B only: an
+//                     N-major B moves in 64-column pieces) cuts N = 28672 into 163 tile
+//                     columns, so a 512-row product makes 4.94 waves of 132 blocks where
+//                     128-column pairs make 6.8 (cuBLAS's 176 x 128 tile there).
 //   3. gemm_wgmma_ws_sk  the same with stream-K for the tiles past the last whole wave:
 //                     their k-tiles cut into one range a block, partial tiles handed from
 //                     block to block through a workspace and added in a fixed order.
@@ -51,7 +54,8 @@
 //       grid (CLUSTER * min(units * batch, clusters that fit at once), 1, 1) with units =
 //       cdiv(M, 128 * CLUSTER) * cdiv(N, BN); shared memory STAGES * (128 + BN) * 128 +
 //       32 KB (the epilogue's staging) + 1 KB + 16 * STAGES. mapD describes D for the epilogue's tensor
-//       stores (store_by_tma != 0, where beta == 0 and a map fits D; else direct stores).
+//       stores (store_by_tma != 0, where beta == 0 and a map fits D; else direct stores), in
+//       boxes of 64 rows x store_box_cols<BN>() columns.
 //   gemm_wgmma_ws_sk<T, TA, TB, BN, STAGES>: as gemm_wgmma_ws with CLUSTER = 1; grid
 //       the SMs where whole waves run, else the blocks that share the tiles' k-tiles
 //       (_gemm_wgmma.streamk_plan); `work`: the flags (zeroed) and a partial tile a block.
@@ -71,6 +75,7 @@ constexpr int BK = 64;  // K of a stage: 128 bytes of a 16-bit type, the swizzle
 // computes 64 x BN with one m64nBNk16 wgmma per 16 K.
 template <bool TA, bool TB, int BM, int BN> struct Stage {
     static constexpr bool MN_A = TA, MN_B = !TB;
+    static_assert(!MN_B || BN % 64 == 0, "an N-major B moves in 64-column pieces: BN = 176 needs a K-major B");
     static constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, BYTES = A_BYTES + B_BYTES;
 
     // The copies of one operand: rows [r0, r0 + ROWS) and K [k0, k0 + 64) of batch entry z,
@@ -102,7 +107,8 @@ template <bool TA, bool TB, int BM, int BN> struct Stage {
                                                 int n0, int za, int zb, unsigned bar, int rank = 0) {
         load_operand<MN_A, BM>(st, ma, kt * BK, m0, za, bar);
         constexpr int PART = BN / CLUSTER;  // rows of B this block copies
-        static_assert(CLUSTER == 1 || PART % 64 == 0, "a multicast share of B is whole 64-row pieces");
+        // (a share starts on a swizzle atom: 8 rows of a K-major B, a 64-row piece of an N-major one)
+        static_assert(PART % (MN_B ? 64 : 8) == 0, "a multicast share of B is whole swizzle atoms");
         constexpr unsigned short ALL = CLUSTER == 1 || ALONE ? 0 : (1u << CLUSTER) - 1;  // (0: no multicast)
 #pragma unroll
         for (int r = ALONE ? 0 : rank; r < (ALONE ? CLUSTER : rank + 1); ++r)

@@ -37,7 +37,8 @@ def test_every_tile_fits_one_block_of_shared_memory():
     (8192, 8192, 8192, "128x256"),
     (4096, 28672, 4096, "128x256"),
     (512, 4096, 14336, "128x128c2"),   # 64 tiles of 128x256 leave half the SMs idle
-    (512, 28672, 4096, "128x128c2"),   # 7 rounds of pairs (995) beat 5 of 128x192 (1010), 4 of 128x256 (1024)
+    (512, 28672, 4096, "128x176c2"),   # 5 rounds of 176-wide pairs (946) beat 7 of 128-wide ones (995),
+                                       # 5 of 128x192 (1010), 4 of 128x256 (1024)
     (128, 4096, 4096, "128x128"),      # one row of tiles: a pair would compute a row of zeros
     (512, 6144, 4096, "128x192"),      # 96 wide tiles; 128 of 128x192 make one round
     (2048, 2048, 2048, "128x256"),
@@ -46,6 +47,17 @@ def test_wave_model_picks_the_tile(M, N, K, cfg):
     assert W.pick_config(problem(M, N, K), H100_SMS) == cfg
     chosen, pl = W.plan("wgmma_ws", problem(M, N, K), None, H100_SMS)
     assert chosen == cfg and f", {W.TILES['wgmma_ws'][cfg].bn}, " in pl.name
+
+
+def test_narrow_pairs_take_a_k_major_b_alone():
+    # 176 columns are not whole 64-column pieces of an N-major B: a @ b never picks them,
+    # and naming them there is refused before anything runs
+    assert W.pick_config(problem(512, 28672, 4096, tb=False), H100_SMS) == "128x128c2"
+    with pytest.raises(ValueError, match=r"config: '128x176c2' needs B stored N x K"):
+        W.plan("wgmma_ws", problem(512, 28672, 4096, tb=False), "128x176c2", H100_SMS)
+    cfg, pl = W.plan("wgmma_ws", problem(512, 28672, 4096), "128x176c2", H100_SMS, clusters=66)
+    assert pl.name == "gemm_wgmma_ws<__nv_bfloat16, false, true, 176, 5, 2>" and pl.grid == (132, 1, 1)
+    assert [W.takes_layout(W.TILES["wgmma_ws"]["128x176c2"], tb) for tb in (False, True)] == [False, True]
 
 
 def test_plan_geometry():
@@ -78,6 +90,8 @@ def test_map_specs_both_majors():
     # a cluster of 2 copies half of B's K-contiguous rows a block
     (_, _, _), (_, _, bb) = W.map_specs(problem(300, 520, 712), W.TILES["wgmma_ws"]["128x256c2"])
     assert bb == (64, 128, 1)
+    (_, _, _), (_, _, bb) = W.map_specs(problem(300, 520, 712), W.TILES["wgmma_ws"]["128x176c2"])
+    assert bb == (64, 88, 1)  # 11 swizzle atoms of 8 rows a share
     assert W.map_specs(problem(4, 4, 0), t) is None
 
 
@@ -92,8 +106,11 @@ def test_operands_a_map_describes_are_encoded_as_specified(monkeypatch):
     maps = W.tensor_maps(p, t)
     assert maps == (bytes(128), bytes(128))
     assert [a[1:] for a in asked] == [tuple(s) for s in W.map_specs(p, t)]
-    assert W.output_map(problem(300, 520, 712)) == (bytes(128), 1)
-    assert asked[-1][1:] == ((520, 300, 1), (1040, 2 * 520 * 300), (64, 64, 1))
+    assert W.output_map(problem(300, 520, 712), t) == (bytes(128), 1)
+    assert asked[-1][1:] == ((520, 300, 1), (1040, 2 * 520 * 300), (64, 64, 1), _tma.SWIZZLE_128B)
+    # 176-column tiles store boxes of 16 columns (gemm_sm90.cuh store_box_cols), 32-byte swizzle
+    assert W.output_map(problem(300, 520, 712), W.TILES["wgmma_ws"]["128x176c2"]) == (bytes(128), 1)
+    assert asked[-1][1:] == ((520, 300, 1), (1040, 2 * 520 * 300), (16, 64, 1), _tma.SWIZZLE_32B)
 
 
 def test_operands_a_map_cannot_describe_fall_back(monkeypatch):
@@ -108,10 +125,11 @@ def test_operands_a_map_cannot_describe_fall_back(monkeypatch):
 
 
 def test_output_map_only_without_c():
-    assert W.output_map(problem(128, 256, 64, beta=0.5)) == (W.NO_MAP, 0)  # C is read: direct stores
-    assert W.output_map(problem(128, 517, 64)) == (W.NO_MAP, 0)  # 517-element rows
+    t = W.TILES["wgmma_ws"]["128x256"]
+    assert W.output_map(problem(128, 256, 64, beta=0.5), t) == (W.NO_MAP, 0)  # C is read: direct stores
+    assert W.output_map(problem(128, 517, 64), t) == (W.NO_MAP, 0)  # 517-element rows
     p = problem(128, 256, 64, ptr=(1 << 20) + 8)
-    assert W.output_map(p) == (W.NO_MAP, 0)  # D not 16-byte aligned
+    assert W.output_map(p, t) == (W.NO_MAP, 0)  # D not 16-byte aligned
 
 
 def test_every_configuration_is_instantiated():
@@ -121,7 +139,7 @@ def test_every_configuration_is_instantiated():
             for dtype in W.DTYPES[impl]:
                 for ta in ("false", "true"):
                     for tb in ("false", "true"):
-                        assert W._name(impl, dtype, ta, tb, t) in names
+                        assert (W._name(impl, dtype, ta, tb, t) in names) is W.takes_layout(t, tb == "true")
     assert W.KERNELS.arch == "sm_90a" and W.KERNELS.archs == ("sm_90a",)
     assert W.KERNELS.runs_on(90) and not W.KERNELS.runs_on(80) and not W.KERNELS.runs_on(100)
 

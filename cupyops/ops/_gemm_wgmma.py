@@ -11,10 +11,13 @@ current stream, for float16 and bfloat16 on a compute-capability 9.0 GPU (H100, 
   it by tensor stores (``output_map``), which run on while the next tile starts.
 
 ``config`` (wgmma_ws; ``TILES``): ``128x256`` (4 stages), ``128x192`` (4 stages),
-``128x128`` (6 stages), ``128x256c2`` and ``128x128c2``: pairs of blocks in clusters of
-2 that take two tiles stacked along M, each copying its A and half of the shared B
-columns, multicast to both (B crosses L2 once for the pair), the persistent grid as many
-clusters as the driver says fit at once (``_launch.max_active_clusters``), and
+``128x128`` (6 stages), ``128x256c2``, ``128x176c2`` (5 stages) and ``128x128c2``: pairs
+of blocks in clusters of 2 that take two tiles stacked along M, each copying its A and
+half of the shared B columns, multicast to both (B crosses L2 once for the pair), the
+persistent grid as many clusters as the driver says fit at once
+(``_launch.max_active_clusters``). ``128x176c2`` takes a K-major B alone (``x @ w.T``:
+an N-major B moves in 64-column pieces, ``takes_layout``); its 176 columns cut the
+28672-wide Llama MLP weight into 163 tile columns, cuBLAS's tile there. And
 ``128x256sk``, which ``None`` does not pick (NOTES 79, 83: 1-3 % ahead of the default
 where whole waves leave a thin last one, as 512x28672x4096, behind it where there is less
 than one wave, and its per-call workspace is no fit for a torch.cuda.graph capture): stream-K for the tiles past the last whole wave
@@ -68,7 +71,8 @@ class Tile:
 TILES = {
     "wgmma": {None: Tile(64, 256, 4)},
     "wgmma_ws": {"128x256": Tile(128, 256, 4), "128x192": Tile(128, 192, 4), "128x128": Tile(128, 128, 6),
-                 "128x256c2": Tile(128, 256, 4, 2), "128x128c2": Tile(128, 128, 6, 2),
+                 "128x256c2": Tile(128, 256, 4, 2), "128x176c2": Tile(128, 176, 5, 2),
+                 "128x128c2": Tile(128, 128, 6, 2),
                  "128x256sk": Tile(128, 256, 4, streamk=True)},
 }
 CONFIGS = {impl: tuple(c for c in TILES[impl] if c is not None) for impl in VARIANTS}
@@ -77,7 +81,7 @@ CONFIGS = {impl: tuple(c for c in TILES[impl] if c is not None) for impl in VARI
 # reads a quarter less from L2 than two single ones). Guesses that pick each swept shape's
 # winner (NOTES 55, 95), not measured ratios: at 4096^3 128 x 192 ran 0.88 and 128 x 128
 # 0.91 of 128 x 256, the pair 0.95.
-EFFICIENCY = {"128x256": 1.0, "128x192": 0.95, "128x128": 0.85, "128x128c2": 0.9}
+EFFICIENCY = {"128x256": 1.0, "128x192": 0.95, "128x128": 0.85, "128x176c2": 0.93, "128x128c2": 0.9}
 
 ARCH = "sm_90a"
 BK = 64  # K of a stage: 128 bytes of a 16-bit type (the swizzle's row)
@@ -90,6 +94,12 @@ _MAX_GRID_X = 2**31 - 1
 def tile_of(impl, config):
     """The Tile of rung ``impl`` under ``config`` (a name from CONFIGS; None for wgmma)."""
     return TILES[impl][config]
+
+
+def takes_layout(tile, tb):
+    """Does ``tile`` run with B stored N x K (``tb``) or K x N? An N-major B moves in
+    64-column pieces, so its tiles are whole pieces wide (not 176)."""
+    return tb or tile.bn % PIECE == 0
 
 
 def smem(impl, tile):
@@ -111,7 +121,7 @@ def _name(impl, dtype, ta, tb, tile):
 
 def _expressions():
     return [_name(impl, dtype, ta, tb, tile) for impl in VARIANTS for tile in TILES[impl].values()
-            for dtype in DTYPES[impl] for ta, tb in LAYOUTS]
+            for dtype in DTYPES[impl] for ta, tb in LAYOUTS if takes_layout(tile, tb == "true")]
 
 
 KERNELS = KernelFile("gemm_wgmma.cu", _expressions(), options=SPLIT_COMPILE, arch=ARCH)
@@ -126,7 +136,7 @@ def pick_config(p, sm_count):
     best, best_cost = None, None
     for cfg in EFFICIENCY:
         t = TILES["wgmma_ws"][cfg]
-        if p.M <= t.bm * (t.cluster - 1):
+        if p.M <= t.bm * (t.cluster - 1) or not takes_layout(t, p.tb):
             continue
         blocks = _launch.cdiv(p.M, t.bm * t.cluster) * t.cluster * _launch.cdiv(p.N, t.bn) * p.batch
         cost = _launch.cdiv(blocks, sm_count) * t.bn / EFFICIENCY[cfg]
@@ -182,6 +192,9 @@ def plan(impl, p, config=None, sm_count=132, clusters=None):
     if impl == "wgmma_ws" and config is None:
         config = pick_config(p, sm_count)
     t = tile_of(impl, config)
+    if not takes_layout(t, p.tb):
+        raise ValueError(f"config: {config!r} needs B stored N x K (x @ w.T, trans_b): an N-major B moves "
+                         f"in 64-column pieces, and its tiles are {t.bn} columns wide")
     if impl == "wgmma_ws" and t.streamk:
         grid = (streamk_plan(p, t, sm_count).grid, 1, 1)
     elif impl == "wgmma_ws":  # persistent: a cluster a slot walks units of `cluster` tiles along M
@@ -234,18 +247,26 @@ def tensor_maps(p, tile):
 NO_MAP = _tma.NO_MAP  # stands for mapD where the epilogue stores directly (never read then)
 
 
-def output_map(p):
+def store_box(tile):
+    """(columns, swizzle) of the epilogue's boxes of 64 rows of D (gemm_sm90.cuh
+    store_box_cols): 64 in the 128-byte swizzle where the tile is whole such boxes, else
+    16 in the 32-byte swizzle."""
+    return (PIECE, _tma.SWIZZLE_128B) if tile.bn % PIECE == 0 else (16, _tma.SWIZZLE_32B)
+
+
+def output_map(p, tile):
     """(tensor map of D, 1) for wgmma_ws's epilogue of tensor stores, or (NO_MAP, 0) where it
     stores directly: beta != 0 (C is read element by element, and may be D), or a D that a
     map cannot describe (rows of a number of elements that is not a multiple of 8). D is
-    (N, M, batch) in boxes of 64 x 64 x 1, the 128-byte swizzle."""
+    (N, M, batch) in boxes of ``store_box(tile)`` x 64 x 1."""
     if p.C is not None and p.beta != 0:
         return NO_MAP, 0
     entries = p.batch if p.sD else 1
     strides = (2 * p.ldd, 2 * (p.sD if p.sD else p.ldd * p.M))
     if not _tma.describable(p.D.data.ptr, *strides):
         return NO_MAP, 0
-    m = _tma.encode_tiled(p.D.data.ptr, (p.N, p.M, entries), strides, (PIECE, PIECE, 1))
+    cols, swizzle = store_box(tile)
+    m = _tma.encode_tiled(p.D.data.ptr, (p.N, p.M, entries), strides, (cols, PIECE, 1), swizzle)
     return (NO_MAP, 0) if m is None else (m, 1)
 
 
@@ -308,7 +329,7 @@ def launch(impl, p, config=None):
         return
     args = p.args() + maps
     if impl == "wgmma_ws":
-        d_map, by_tma = output_map(p)
+        d_map, by_tma = output_map(p, tile)
         args += (d_map, np.int32(by_tma))
     if sk is not None:
         work = _streamk_workspace(sk)
