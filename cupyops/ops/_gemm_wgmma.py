@@ -54,7 +54,7 @@ VARIANTS = {
     "in a 4-stage mbarrier ring, one warpgroup on 64x256 tiles, each k-tile waited for",
     "wgmma_ws": "sm_90a: warp-specialised (a TMA producer warpgroup, two wgmma consumer "
     "warpgroups, setmaxnreg) around full/empty mbarriers, persistent over 128x256 (or "
-    "128x192, 128x128) tiles in grouped order, epilogue by tensor stores",
+    "128x192, 128x176, 128x128) tiles in grouped order, epilogue by tensor stores",
 }
 DTYPES = {impl: ("float16", "bfloat16") for impl in VARIANTS}
 
