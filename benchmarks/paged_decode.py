@@ -36,11 +36,13 @@ from cupyops.ops import paged as paged_ops
 B, S, HQ, HKV, D = 64, 4096, 32, 8, 128
 
 
-def paged_copy(k, v, P, rng):
+def paged_copy(k, v, P, rng, in_order=False):
     """k, v [B, S, Hkv, D] as caches [B * S / P, P, Hkv, D] with each sequence's pages at
-    random places of the pool: (k_cache, v_cache, block_table)."""
+    random places of the pool (``in_order``: page i of the pool is the i-th page of the
+    sequences laid end to end): (k_cache, v_cache, block_table)."""
     pages = B * S // P
-    table = rng.permutation(pages).astype(np.int32).reshape(B, S // P)
+    order = np.arange(pages) if in_order else rng.permutation(pages)
+    table = order.astype(np.int32).reshape(B, S // P)
     kc = cp.empty((pages, P, HKV, D), k.dtype)
     vc = cp.empty((pages, P, HKV, D), v.dtype)
     dtab = cp.asarray(table)
@@ -80,6 +82,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--pages", default="16,128", help="comma-separated page sizes")
     ap.add_argument("--one-an-sm", action="store_true", help="also time the launch one block an SM")
+    ap.add_argument("--in-order", action="store_true",
+                    help="also time each page size over a pool whose pages lie in order (where the "
+                         "random placement's cost to DRAM shows apart from the lookups)")
     args = ap.parse_args()
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -113,12 +118,14 @@ def main():
     rows = {}
     rows["decode (contiguous)"] = checked("decode", lambda: cupyops.attention(q, k, v, impl="decode"), tol=0.0)
     for P in (int(p) for p in args.pages.split(",") if p):
-        kc, vc, dtab = paged_copy(k, v, P, rng)
-        for one in (False, True) if args.one_an_sm else (False,):
-            name = f"attention_paged P={P}" + (" one an SM" if one else "")
-            with plan_variant(one):
-                rows[name] = checked(name, lambda kc=kc, vc=vc, dtab=dtab: cupyops.attention_paged(q, kc, vc, dtab, lens))
-        del kc, vc
+        for in_order in (False, True) if args.in_order else (False,):
+            kc, vc, dtab = paged_copy(k, v, P, rng, in_order)
+            for one in (False, True) if args.one_an_sm else (False,):
+                name = f"attention_paged P={P}" + (" one an SM" if one else "") + (" in order" if in_order else "")
+                with plan_variant(one):
+                    rows[name] = checked(name, lambda kc=kc, vc=vc, dtab=dtab:
+                                         cupyops.attention_paged(q, kc, vc, dtab, lens))
+            del kc, vc
         cp.get_default_memory_pool().free_all_blocks()
     tq, tk, tv = (torch.from_dlpack(a).transpose(1, 2) for a in (q, k, v))  # [B, H, S, D] views
     for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
