@@ -512,17 +512,24 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
         bool valid;
     } out;
     out.valid = false;
+    // Row half hh's total weight l (its 4 lanes' partial sums added) and, from it, the
+    // row's log-sum-exp (natural log; -inf for a row that saw no key). Both epilogues.
+    auto row_total = [&](int hh) {
+        float lt = c.l[hh];
+        lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+        return lt;
+    };
+    auto row_lse = [&](int hh, float lt) { return lt > 0.f ? (c.m[hh] + log2f(lt)) * attn::LN2 : -CUOPS_INF; };
     auto finish = [&](int q0, int h, const SeqView& sv) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            float lt = c.l[hh];
-            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+            const float lt = row_total(hh);
             const float inv = lt > 0.f ? __frcp_rn(lt) : 0.f;
 #pragma unroll
             for (int cc = 0; cc < HD / 8; ++cc)
                 out.v[hh][cc] = pack2<T>(c.o[4 * cc + 2 * hh] * inv, c.o[4 * cc + 2 * hh + 1] * inv);
-            out.lse[hh] = lt > 0.f ? (c.m[hh] + log2f(lt)) * attn::LN2 : -CUOPS_INF;
+            out.lse[hh] = row_lse(hh, lt);
         }
         out.q0 = q0;
         out.h = h;
@@ -576,13 +583,10 @@ __global__ void __launch_bounds__(fa3::Warpgroups<NC>::THREADS, 1)
         float inv[2];
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            float lt = c.l[hh];
-            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+            const float lt = row_total(hh);
             inv[hh] = lt > 0.f ? __frcp_rn(lt) : 0.f;
             const int i = q0 + 64 * w + 16 * warp + lane / 4 + 8 * hh;
-            if (LSE != nullptr && lane % 4 == 0 && i < sv.Sq)
-                LSE[sv.lse_row + i] = lt > 0.f ? (c.m[hh] + log2f(lt)) * attn::LN2 : -CUOPS_INF;
+            if (LSE != nullptr && lane % 4 == 0 && i < sv.Sq) LSE[sv.lse_row + i] = row_lse(hh, lt);
         }
         const unsigned buf = q_smem + qpipe.stage(q_it) * L::Q_BYTES + w * L::DP * PIECE;
         auto value = [&](int i, int hh, int) { return c.o[i] * inv[hh]; };

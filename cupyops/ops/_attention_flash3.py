@@ -186,18 +186,29 @@ def _specs(p, cfg):
             map_spec(p.O.data.ptr, p.o_strides, q_rows, p.Hq, batch, p.D, 64)]
 
 
-def supports(impl, p, config=None):
-    """None when ``flash3`` can run ``p``, else the reason (naming the argument)."""
+def _checked(impl, p, config):
+    """(reason, configuration, map specs): reason None when ``flash3`` can run ``p``, else
+    why (naming the argument); the specs (``_specs``) once the shape passes. What
+    ``supports`` answers and ``launch`` goes on from, worked out once a call."""
     if impl != "flash3":
-        return f"impl: unknown attention_flash3 rung {impl!r}; expected flash3"
+        return f"impl: unknown attention_flash3 rung {impl!r}; expected flash3", None, None
     reason = _shape_reason(p) or masks_reason(p, "flash3", window=True, softcap=True)
     if reason is None and not p.aligned16():
         reason = "q: flash3 needs 16-byte aligned rows in q, k, v and out (pointers and strides)"
     if reason is None and work_tiles(p) > MAX_WORK_TILES:
         reason = f"q: flash3 supports at most {MAX_WORK_TILES} work tiles (q_len / {BR} x heads x batch)"
-    if reason is None and None in _specs(p, config or default_config(p)):
+    if reason is not None:
+        return reason, None, None
+    cfg = config or default_config(p)
+    specs = _specs(p, cfg)
+    if None in specs:
         reason = "q: flash3 needs q, k, v and out describable by tensor maps (strides multiples of 16 bytes)"
-    return reason
+    return reason, cfg, specs
+
+
+def supports(impl, p, config=None):
+    """None when ``flash3`` can run ``p``, else the reason (naming the argument)."""
+    return _checked(impl, p, config)[0]
 
 
 def _shape_reason(p):
@@ -270,12 +281,11 @@ def launch(impl, p, config=None, l2_share=None):
     why = _tma.sm90a_reason(KERNELS, props, "'flash3'")
     if why:
         raise ValueError(f"impl: {why}")
-    reason = supports(impl, p, config)
+    reason, cfg, specs = _checked(impl, p, config)
     if reason:
         raise ValueError(reason)
-    cfg = config or default_config(p)
     maps = []
-    for arr, name, (dims, strides, box) in zip((p.Q, p.K, p.V, p.O), ("q", "k", "v", "out"), _specs(p, cfg)):
+    for arr, name, (dims, strides, box) in zip((p.Q, p.K, p.V, p.O), ("q", "k", "v", "out"), specs):
         m = _tma.encode_tiled(arr.data.ptr, dims, strides, box)
         if m is None:
             raise RuntimeError(f"attention: the driver refused the tensor map of {name} (dims {dims}, byte strides "
