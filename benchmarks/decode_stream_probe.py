@@ -2,7 +2,7 @@
 
 A probe for issue 19's decode gap (NOTES 128): a kernel that only streams K and V into a
 cp.async ring the way kernels/attention_decode.cu does (128 threads, 16-byte copies, 3
-stages of 32 KB, two blocks an SM), with no attention math, in three read orders over the
+stages of 32 KB, two blocks an SM), with no attention math, in several read orders over the
 same bytes:
 
 - ``heads=1``: a block a (sequence, KV head), as the decode kernel: 256-byte rows 2 KB apart;

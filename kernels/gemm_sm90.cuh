@@ -69,7 +69,9 @@ __device__ __forceinline__ void stage_8_columns(const Value& value, unsigned box
     for (int h = 0; h < 2; ++h) {
         const int r = 16 * warp + lane / 4 + 8 * h, c = 8 * j + 2 * (lane % 4);
         const unsigned row = r * ROW_BYTES;
-        const unsigned addr = box + row + ((col8 ^ ((row >> 7) & CHUNK_MASK)) << 4) + (lane % 4) * 4u;
+        // (for 128-byte rows, r % 8 as such: the SASS of the 64-column boxes stays as it was)
+        const int chunk = col8 ^ (BOX_COLS == 64 ? r % 8 : static_cast<int>((row >> 7) & CHUNK_MASK));
+        const unsigned addr = box + row + (chunk << 4) + (lane % 4) * 4u;
         const unsigned v = pack2<T>(value(4 * j + 2 * h, h, c), value(4 * j + 2 * h + 1, h, c + 1));
         asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
     }

@@ -475,10 +475,11 @@ def test_auto_runs_wgmma_ws_on_hopper(monkeypatch):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", list(G._gemm_wgmma.CONFIGS["wgmma_ws"]))
 def test_wgmma_ws_blocks_walk_several_tiles(cfg, dtype):
-    # more tiles than SMs (170 of 128x256, 221 of 128x192, 323 of 128x128, 90 pairs on 66
-    # cluster slots), so each persistent block carries its ring's phases, its staging
-    # buffer and the producer's run-ahead from one tile to the next; beta == 0 (tensor
-    # stores) and beta != 0 (direct stores), a @ b and x @ w.T
+    # more tiles than SMs (170 of 128x256, 221 of 128x192, 323 of 128x128, 90 pairs of
+    # 128x256 and 126 of 128x176 on 66 cluster slots), so each persistent block carries its
+    # ring's phases, its staging buffer and the producer's run-ahead from one tile to the
+    # next; beta == 0 (tensor stores) and beta != 0 (direct stores), a @ b and x @ w.T
+    # (128x176c2: x @ w.T alone, both epilogues)
     require("wgmma_ws")
     cp = _cp()
     rng = np.random.default_rng()

@@ -188,7 +188,8 @@ def _specs(p, cfg):
 
 def _checked(impl, p, config):
     """(reason, configuration, map specs): reason None when ``flash3`` can run ``p``, else
-    why (naming the argument); the specs (``_specs``) once the shape passes. What
+    why (naming the argument); the configuration and specs (``_specs``) once the shape
+    passes (also when a map cannot describe an operand, the last reason). What
     ``supports`` answers and ``launch`` goes on from, worked out once a call."""
     if impl != "flash3":
         return f"impl: unknown attention_flash3 rung {impl!r}; expected flash3", None, None

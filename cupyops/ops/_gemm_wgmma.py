@@ -81,7 +81,7 @@ CONFIGS = {impl: tuple(c for c in TILES[impl] if c is not None) for impl in VARI
 # reads a quarter less from L2 than two single ones). Guesses that pick each swept shape's
 # winner (NOTES 55, 95), not measured ratios: at 4096^3 128 x 192 ran 0.88 and 128 x 128
 # 0.91 of 128 x 256, the pair 0.95.
-EFFICIENCY = {"128x256": 1.0, "128x192": 0.95, "128x128": 0.85, "128x176c2": 0.93, "128x128c2": 0.9}
+EFFICIENCY = {"128x256": 1.0, "128x192": 0.95, "128x176c2": 0.93, "128x128": 0.85, "128x128c2": 0.9}
 
 ARCH = "sm_90a"
 BK = 64  # K of a stage: 128 bytes of a 16-bit type (the swizzle's row)
@@ -193,8 +193,8 @@ def plan(impl, p, config=None, sm_count=132, clusters=None):
         config = pick_config(p, sm_count)
     t = tile_of(impl, config)
     if not takes_layout(t, p.tb):
-        raise ValueError(f"config: {config!r} needs B stored N x K (x @ w.T, trans_b): an N-major B moves "
-                         f"in 64-column pieces, and its tiles are {t.bn} columns wide")
+        raise ValueError(f"config: {config!r} needs B stored N x K (K-contiguous, as w in x @ w.T): an "
+                         f"N-major B moves in 64-column pieces, and its tiles are {t.bn} columns wide")
     if impl == "wgmma_ws" and t.streamk:
         grid = (streamk_plan(p, t, sm_count).grid, 1, 1)
     elif impl == "wgmma_ws":  # persistent: a cluster a slot walks units of `cluster` tiles along M
