@@ -59,8 +59,7 @@ def main():
                     d.fill(float("nan"))
                     W.launch("wgmma_ws", p, c)
                     err = reference.rel_error(d[sample].get(), ref)
-                    tol = max(reference.TOLERANCE["gemm"][dt], 2e-7 * K ** 0.5)
-                    if not err <= tol:
+                    if not err <= reference.gemm_tolerance(dt, K):
                         print(f"WRONG {shape} {dt} {lay} {cfg}: rel error {err:.3g}", flush=True)
                         continue
                     calls[cfg] = lambda c=c: W.launch("wgmma_ws", p, c)

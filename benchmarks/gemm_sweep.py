@@ -91,7 +91,7 @@ def main():
                     except Exception as exc:  # a config that cannot run this shape
                         print(f"  {impl} {dt} {M}x{N}x{K} {lay} {label}: {type(exc).__name__}: {exc}")
                         continue
-                    tol = 0.0 if dt == "int8" else max(reference.TOLERANCE["gemm"][dt], 2e-7 * K ** 0.5)
+                    tol = reference.gemm_tolerance(dt, K)
                     if not err <= tol:
                         print(f"  WRONG {impl} {dt} {M}x{N}x{K} {lay} {label}: rel error {err:.3g}", flush=True)
                         continue

@@ -456,6 +456,14 @@ def float32_sum_tolerance(terms, base=TOLERANCE["reduce"]["float32"]):
     return builtins.min(1e-5, builtins.max(base, 1.2e-7 * math.sqrt(terms)))  # (this module's max is the reduction)
 
 
+def gemm_tolerance(dtype, K, base=None):
+    """The rel_error bound of a GEMM of inner dimension ``K``: ``base`` (default
+    TOLERANCE["gemm"][dtype]), and for float32, whose K products are summed in float32 with
+    an error growing as sqrt(K) (cuBLAS's too), at least 2e-7 * sqrt(K)."""
+    tol = TOLERANCE["gemm"][dtype] if base is None else base
+    return builtins.max(tol, 2e-7 * math.sqrt(builtins.max(K, 1))) if dtype == "float32" else tol
+
+
 # sampling (cupyops.sample): the Philox uniforms, the draw and the boundary-tolerant check,
 # in their own module for their length
 from ._sampling_reference import philox4x32_10, sample, sample_accepts, sample_uniforms  # noqa: E402,F401

@@ -55,10 +55,7 @@ def rand(rng, shape, dtype):
 def tol(dtype, K):
     # float32: the K-term float32 dot products; the reference rounded to fp16/bf16 output
     # is the floor of the half types (rel error of rounding ~ 2^-11 / 2^-8).
-    t = reference.TOLERANCE["gemm"][dtype]
-    if dtype == "float32":
-        t = max(t, 2e-7 * np.sqrt(max(K, 1)))
-    return t
+    return reference.gemm_tolerance(dtype, K)
 
 
 def layout(rng, values, how, cp):

@@ -416,8 +416,8 @@ def _matmul_inputs(case, seed):
 
 
 def _matmul_tolerance(case, tol):
-    """float32: K products summed in float32, the rounding error grows as sqrt(K) (cuBLAS's too)."""
-    return max(tol, 2e-7 * math.sqrt(case.shape[2])) if case.dtype == "float32" else tol
+    """reference.gemm_tolerance of the case's K (float32: grows as sqrt(K))."""
+    return _ref().gemm_tolerance(case.dtype, case.shape[2], tol)
 
 
 def _matmul_call(data, impl):
