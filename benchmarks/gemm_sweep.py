@@ -38,6 +38,15 @@ CASES["mma_decode"] = CASES["skinny"] + [("float16", (16, 11008, 4096)), ("float
                                          ("float16", (1, 8192, 4096)), ("float16", (16, 8192, 4096))]
 
 
+def sampled_reference(a, b):
+    """(rows, the float64 reference of those rows of a @ b): up to 32 rows spread over M,
+    what a configuration's output is checked on before it is timed (int8: exact int32)."""
+    M = a.shape[0]
+    rows = np.unique(np.linspace(0, M - 1, min(M, 32)).round().astype(np.int64))
+    ref = reference.matmul(a[rows].get(), b.get())
+    return rows, ref.astype(np.int32) if a.dtype == np.int8 else ref
+
+
 def problem(a, b, d, ta, tb):
     M, N = d.shape
     K = a.shape[0] if ta else a.shape[1]
@@ -66,10 +75,7 @@ def main():
             a = random_normal((M, K), dt, 1)
             b = random_normal((K, N), dt, 2)
             bt = cp.ascontiguousarray(b.T)
-            rows = np.unique(np.linspace(0, M - 1, min(M, 32)).round().astype(np.int64))
-            ref = reference.matmul(a[rows].get(), b.get())
-            if dt == "int8":
-                ref = ref.astype(np.int32)
+            rows, ref = sampled_reference(a, b)
             flops = 2 * M * N * K
             d = cp.empty((M, N), np.int32 if dt == "int8" else a.dtype)
             base = None
