@@ -341,6 +341,20 @@ def test_scaled_matmul_shapes(M, N, K, dout):
     run_mm(M, N, K, dout, "float", "device0d", None, "contiguous", "rowmajor", False, M + N * K)
 
 
+@pytest.mark.parametrize("config", _fp8_gemm.CONFIGS["wgmma_ws"])
+def test_every_tile_configuration(config, monkeypatch):
+    # each configuration, auto's or not: tiles walked by every block (several a block at
+    # 2000 x 3000), an odd number of tile rows (a pair's second tile lies past M: copied as
+    # zeros, never stored), K not a multiple of the ring; the tensor-store epilogue (16-bit
+    # out, per-tensor scales, no bias) and the direct one (per-row / per-column scales, bias)
+    require_hopper()
+    monkeypatch.setattr(_fp8_gemm, "DEFAULT_CONFIG", config)
+    for M, N, K in ((300, 1000, 640), (2000, 3000, 1008), (1, 520, 128)):
+        run_mm(M, N, K, "bfloat16", "device0d", "float", None, "contiguous", "kmajor", True, M + N)
+        run_mm(M, N, K, "float16", "vector", "vector", "out", "contiguous", "kmajor", False, M * N)
+        run_mm(M, N, K, "float32", "float", "device1", "float32", "padded", "kmajor", True, K)
+
+
 def test_long_k_stays_at_float32_accumulation_level():
     # 64 stages of 128 K: the partials restarted every stage keep the error at the level of
     # one stage's tensor-core sum; left in the tensor core for all of K it would grow
