@@ -4,6 +4,12 @@ view of an N x K weight, what _scaled_mm requires), and ``cupyops.quantize_fp8``
 the bytes it must move. Validated on sampled rows against the float64 reference first.
 
     python benchmarks/fp8_probe.py [--json PATH] [--shapes MxNxK,...] [--configs all|128x192,...]
+        [--interleave ROUNDS]
+
+--interleave: instead of timing torch, then each configuration in turn (the second of two
+rounds kept), time them all with their calls interleaved (``time_gpu_interleaved``), ROUNDS
+times, a line per configuration and round: an A/B of tiles that the GPU's drift over a
+sweep does not decide (quantize_fp8 is left out).
 """
 import argparse
 import json
@@ -15,7 +21,7 @@ import torch
 import cupyops
 from cupyops.ops import _fp8_gemm, fp8
 from cupyops import _dtypes, reference
-from cupyops.bench.timing import L2Flusher, copy_ms_for, time_gpu
+from cupyops.bench.timing import L2Flusher, copy_ms_for, time_gpu, time_gpu_interleaved
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 6144, 4096), (4096, 28672, 4096), (4096, 4096, 14336)]
 
@@ -28,6 +34,7 @@ def main():
                     help=f"scaled_matmul tiles, comma list or 'all' ({', '.join(_fp8_gemm.TILES)}; auto: the "
                          f"launcher's pick)")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS")
     args = ap.parse_args()
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")] if args.shapes else SHAPES
     configs = list(_fp8_gemm.TILES) if args.configs == "all" else args.configs.split(",")
@@ -51,6 +58,9 @@ def main():
         ref = reference.scaled_matmul(a[check].get(), b.get(), float(sa32), float(sb32))
         t_err = reference.rel_error(theirs()[check].float().cpu().numpy(), ref)
         fl = 2 * M * N * K
+        if args.interleave:
+            rows += interleaved(args, configs, ours, theirs, (M, N, K), check, ref, flush)
+            continue
         for round_ in range(2):  # keep the second round: the first brings the clocks up from an idle GPU
             tms = time_gpu(theirs, repeats=args.repeats, warmup=3, flush=flush).median_ms
             for config in configs:
@@ -70,7 +80,7 @@ def main():
                 print(f"scaled_matmul e4m3->bf16 {M}x{N}x{K} {config}: {ms:.4f} ms {fl / ms / 1e9:6.1f} TFLOP/s | "
                       f"torch._scaled_mm {tms:.4f} ms {fl / tms / 1e9:6.1f} | {tms / ms:.2f}x | err {err:.2e} "
                       f"(torch {t_err:.2e})", flush=True)
-    for shape, axis in (((16384, 8192), None), ((16384, 8192), -1)):
+    for shape, axis in () if args.interleave else (((16384, 8192), None), ((16384, 8192), -1)):
         for dt in (_dtypes.to_dtype("bfloat16"), np.float32):
             xs = cp.random.standard_normal(shape, dtype=cp.float32).astype(dt)
             ms = time_gpu(lambda: cupyops.quantize_fp8(xs, axis=axis), repeats=args.repeats, warmup=3,
@@ -84,6 +94,39 @@ def main():
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=0)
+
+
+def interleaved(args, configs, ours, theirs, shape, check, ref, flush):
+    """--interleave: every configuration checked on the sampled rows, then timed with torch
+    in interleaved calls, ``args.interleave`` rounds; the rows of the JSON."""
+    M, N, K = shape
+    fl = 2 * M * N * K
+
+    def run(config):
+        _fp8_gemm.DEFAULT_CONFIG = None if config == "auto" else config  # (the launch memo is keyed by config)
+        return ours()
+
+    calls, rows, default = {"torch": theirs}, [], _fp8_gemm.DEFAULT_CONFIG
+    for config in configs:
+        err = reference.rel_error(run(config)[check].astype(cp.float32).get(), ref)
+        if not err <= reference.TOLERANCE["scaled_matmul"]["bfloat16"]:
+            print(f"WRONG {M}x{N}x{K} {config}: rel error {err:.3g}", flush=True)
+            continue
+        calls[config] = lambda c=config: run(c)
+    try:
+        for r in range(args.interleave):
+            t = {n: v.median_ms for n, v in time_gpu_interleaved(calls, repeats=args.repeats, flush=flush).items()}
+            for config in calls:
+                if config == "torch":
+                    continue
+                rows.append({"op": "scaled_matmul", "shape": [M, N, K], "config": config, "round": r,
+                             "ms": t[config], "torch_ms": t["torch"], "ratio": t["torch"] / t[config]})
+                print(f"scaled_matmul e4m3->bf16 {M}x{N}x{K} {config} r{r}: {t[config]:.4f} ms "
+                      f"{fl / t[config] / 1e9:6.1f} TFLOP/s | torch._scaled_mm {t['torch']:.4f} ms | "
+                      f"{t['torch'] / t[config]:.3f}x", flush=True)
+    finally:
+        _fp8_gemm.DEFAULT_CONFIG = default
+    return rows
 
 
 if __name__ == "__main__":

@@ -238,23 +238,6 @@ def max_active_clusters(fn, cluster, block, smem):
     return count.value if err == 0 and count.value > 0 else None
 
 
-_CLUSTER_SLOTS = {}  # per (kernel name, cluster size, device): clusters that fit at once (0: none)
-
-
-def cluster_slots(kernels, name, cluster, block, smem, props, what):
-    """How many clusters of ``cluster`` blocks of kernel ``name`` (from KernelFile
-    ``kernels``, ``smem`` bytes of dynamic shared memory) the current GPU runs at once, asked
-    once a device (``max_active_clusters``, after the shared-memory opt-in); None where the
-    driver cannot say or none fits. The clustered persistent GEMMs launch that many."""
-
-    def query():
-        fn = kernels.function(name)
-        request_smem(fn, smem, props, what)
-        return max_active_clusters(fn, cluster, block, smem) or 0
-
-    return memo(_CLUSTER_SLOTS, (name, cluster, current_device()), query) or None
-
-
 @dataclasses.dataclass(frozen=True)
 class Launch:
     """One kernel launch but its arguments: the kernel file and instantiation, the grid,

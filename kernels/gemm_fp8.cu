@@ -8,17 +8,14 @@
 // instead of alpha / beta / C. The pipeline itself is gemm_wgmma_ws's (gemm_wgmma.cu).
 //
 // Kernels:
-//   1. scaled_matmul_wgmma_ws<OutT, BN, STAGES, CLUSTER>
+//   1. scaled_matmul_wgmma_ws<OutT, BN, STAGES>
 //                               warp-specialised and persistent, as gemm_wgmma_ws: a
 //                               producer warpgroup (one thread issuing tensor copies,
 //                               registers given back with setmaxnreg) and two consumer
 //                               warpgroups (64 rows each of a 128 x BN tile) around a
 //                               full/empty mbarrier ring of STAGES stages of (128 + BN) x
 //                               128 bytes; one block an SM walks the tiles in grouped
-//                               order. CLUSTER = 2 pairs blocks on tiles stacked along M
-//                               that multicast halves of their B (cuBLAS's fp8 kernels
-//                               run in 1 x 2 clusters; gemm_sm90.cuh produce_stage).
-//                               Each stage (128 K), a consumer runs the 4 wgmmas of
+//                               order. Each stage (128 K), a consumer runs the 4 wgmmas of
 //                               a part of its columns into a partial, waits for them and
 //                               adds the partial into float32 accumulators: one part of
 //                               BN columns for BN = 128 or 192, two m64n128k32 halves for
@@ -37,9 +34,8 @@
 //
 // Operands: two 3-D tensor maps (cupyops/ops/_fp8_gemm.py; K innermost, then rows, then a
 // batch of 1), 1-byte elements (CU_TENSOR_MAP_DATA_TYPE_UINT8), 128-byte swizzle, boxes of
-// 128 K x 128 rows (A) and 128 K x BN / CLUSTER rows (B). Edges (M, N, K not multiples of
-// the tile) are zeros the copy engine fills in; the epilogue masks the rows and columns it
-// writes.
+// 128 K x 128 rows (A) and 128 K x BN rows (B). Edges (M, N, K not multiples of the tile)
+// are zeros the copy engine fills in; the epilogue masks the rows and columns it writes.
 // The launcher needs 16-byte aligned operands whose row strides are multiples of 16 bytes
 // (so K % 16 == 0 for contiguous ones) and K > 0 (K == 0 never launches).
 //
@@ -54,10 +50,9 @@
 // thread's two rows there, would be loaded for every output in the staged layout and
 // spill registers).
 //
-// Launch geometry: block 384 threads, clusters of CLUSTER blocks along x (given at launch);
-// grid (CLUSTER * min(units, clusters that fit at once), 1, 1) with units =
-// cdiv(M, 128 * CLUSTER) * cdiv(N, BN); dynamic shared memory STAGES * (128 + BN) * 128 +
-// 32 KB (the epilogue's staging) + 1 KB (ring alignment) + 16 * STAGES (mbarriers).
+// Launch geometry: block 384 threads; grid (min(tiles, SMs), 1, 1) with tiles =
+// cdiv(M, 128) * cdiv(N, BN); dynamic shared memory STAGES * (128 + BN) * 128 + 32 KB (the
+// epilogue's staging) + 1 KB (ring alignment) + 16 * STAGES (mbarriers).
 #include "gemm_sm90.cuh"
 
 using namespace cuops;
@@ -83,28 +78,6 @@ template <int BN> struct Tile {
     static constexpr int PART_N = BN == 256 ? 128 : BN, PARTS = BN / PART_N;
     static constexpr unsigned B_BYTES = BN * BK, STAGE_BYTES = A_BYTES + B_BYTES;
 };
-
-// The copies of k-tile kt of the tile at rows m0, columns n0 into the stage at `st`,
-// completing on barrier `bar`: A's 128 rows, and of B, in a cluster of CLUSTER blocks
-// (gemm_sm90.cuh produce_stage), this block's 1/CLUSTER share multicast to all (ALONE:
-// every share into this block only). A share starts on an 8-row swizzle atom of the
-// K-major B.
-template <int BN, int CLUSTER, bool ALONE>
-__device__ __forceinline__ void load_stage(unsigned st, const TmaMap* ma, const TmaMap* mb, int kt, int m0, int n0,
-                                           unsigned bar, int rank) {
-    constexpr int PART = BN / CLUSTER;
-    static_assert(PART % 8 == 0, "a multicast share of B is whole swizzle atoms");
-    tma_load_3d(st, ma, kt * BK, m0, 0, bar);
-    const unsigned b = st + A_BYTES;
-    if constexpr (CLUSTER == 1) {
-        tma_load_3d(b, mb, kt * BK, n0, 0, bar);
-    } else if constexpr (ALONE) {
-#pragma unroll
-        for (int r = 0; r < CLUSTER; ++r) tma_load_3d(b + r * PART * BK, mb, kt * BK, n0 + r * PART, 0, bar);
-    } else {
-        tma_load_3d_multicast(b + rank * PART * BK, mb, kt * BK, n0 + rank * PART, 0, bar, (1u << CLUSTER) - 1);
-    }
-}
 
 // One consumer warpgroup's share of a stage: its 64 rows of A against the BN rows of B.
 // Each part: 4 k32 wgmmas into `part` (the first overwrites it), waited for, then added
@@ -209,7 +182,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], OutT* D, 
 // Registers: gemm_sm90.cuh's split; a consumer's 232 hold acc BN / 2 + the partial (96 + 96
 // at BN = 192, 128 + 64 at 256) + addressing.
 
-template <typename OutT, int BN, int STAGES, int CLUSTER>
+template <typename OutT, int BN, int STAGES>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     scaled_matmul_wgmma_ws(OutT* __restrict__ D, int M, int N, int K, i64 ldd, const float* __restrict__ scale_a,
                            int sa_step, float sa0, const float* __restrict__ scale_b, int sb_step, float sb0,
@@ -222,46 +195,35 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const unsigned ring = ring_base(smem_raw);
     const unsigned staging = ring + STAGES * TL::STAGE_BYTES;  // STAGING_BYTES a consumer warpgroup
     const Pipeline<STAGES> pipe{staging + 2 * STAGING_BYTES};
-    // An empty phase: one arrival per consumer warpgroup of every block that writes into
-    // this block's stages (the cluster's, through the multicast of B).
-    if (threadIdx.x == 0) pipe.init(2 * CLUSTER);
+    if (threadIdx.x == 0) pipe.init(2);  // an empty phase: one arrival per consumer warpgroup
     __syncthreads();
-    // (as in gemm_wgmma_ws: every thread arrives on the cluster's barrier here and waits
-    // for it only before it first touches another block)
-    if constexpr (CLUSTER > 1) cluster_arrive_relaxed();
 
-    // The cluster walks units of CLUSTER tiles stacked along M, rank r taking the r-th (one
-    // product: every tile's z is 0).
-    const int rank = CLUSTER > 1 ? static_cast<int>(cluster_rank()) : 0;
-    const TileOrder order{cdiv(M, BM * CLUSTER), cdiv(N, BN)};
+    const TileOrder order{cdiv(M, BM), cdiv(N, BN)};  // (one product: every tile's z is 0)
     const int KT = cdiv(K, BK);
     const long long tiles = order.tiles();
     if (warpgroup() == 0) {  // producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x == 0) {
             unsigned it = 0;
-            for (long long t = blockIdx.x / CLUSTER; t < tiles; t += gridDim.x / CLUSTER) {
+            for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
                 const TileRef u = order.at(t);
-                for (int kt = 0; kt < KT; ++kt, ++it)
-                    produce_stage<CLUSTER>(pipe, it, ring, TL::STAGE_BYTES, [&](unsigned st, auto alone) {
-                        load_stage<BN, CLUSTER, decltype(alone)::value>(st, &mapA, &mapB, kt,
-                                                                        (u.tm * CLUSTER + rank) * BM, u.tn * BN,
-                                                                        pipe.full(it).addr, rank);
-                    });
+                for (int kt = 0; kt < KT; ++kt, ++it) {
+                    pipe.producer_acquire(it);
+                    pipe.producer_expect(it, TL::STAGE_BYTES);
+                    const unsigned st = ring + pipe.stage(it) * TL::STAGE_BYTES;
+                    tma_load_3d(st, &mapA, kt * BK, u.tm * BM, 0, pipe.full(it).addr);
+                    tma_load_3d(st + A_BYTES, &mapB, kt * BK, u.tn * BN, 0, pipe.full(it).addr);
+                }
             }
-            produce_end<CLUSTER>(pipe, it);
-        } else if (CLUSTER > 1) {
-            cluster_wait_thread();
         }
         __syncwarp();
     } else {  // consumers: warpgroup 1 computes rows 0-63 of the tile, warpgroup 2 rows 64-127
         setmaxnreg_inc<WS_CONSUMER_REGS>();
-        if constexpr (CLUSTER > 1) cluster_wait();  // (long before the first stage lands)
         const int a_row = 64 * (warpgroup() - 1);
         const bool leader = threadIdx.x % WG == 0;
         float acc[BN / 2], part[TL::PART_N / 2];
         unsigned it = 0;
-        for (long long t = blockIdx.x / CLUSTER; t < tiles; t += gridDim.x / CLUSTER) {
+        for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
             const TileRef u = order.at(t);
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
@@ -269,13 +231,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 pipe.consumer_wait(it);
                 mma_stage<BN>(acc, part, ring + pipe.stage(it) * TL::STAGE_BYTES, a_row);
                 // both halves were waited for: nothing of this warpgroup reads the stage now
-                if (leader) pipe.template consumer_release<CLUSTER>(it);
+                if (leader) pipe.consumer_release(it);
             }
             // (made here from the parameters, not held in registers through the main loop)
             const Scales<OutT> sc{M, N, scale_a, sa_step, sa0, scale_b, sb_step, sb0, bias, bias_kind};
-            // (a tile row past M, where the row tiles are odd, was copied as zeros: it stores
-            // nothing, its block still copied its share of B)
-            const int m_row = (u.tm * CLUSTER + rank) * BM + a_row, n0 = u.tn * BN;
+            const int m_row = u.tm * BM + a_row, n0 = u.tn * BN;
             bool stored = false;
             if constexpr (sizeof(OutT) == 2) {
                 if (store_by_tma) {  // (the launcher's choice: a 16-bit D that a map describes,

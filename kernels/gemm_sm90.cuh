@@ -49,52 +49,6 @@ struct TileOrder {
     }
 };
 
-// ------------------------------------------------- a ring shared by a cluster's blocks
-// The warp-specialised GEMMs pair blocks in clusters of CLUSTER (1 or 2) on tiles stacked
-// along M: each block copies its own A and 1/CLUSTER of the tile's B columns, multicast to
-// every block of the cluster, so each stage receives the whole B and B crosses L2 once a
-// cluster. A stage is then written by every block's producer, so the consumers release it
-// to all of them (Pipeline::consumer_release<CLUSTER>, init(2 * CLUSTER)), and nothing may
-// touch another block before the cluster's barrier says its mbarriers exist. These two
-// functions are the producer thread's side of that, shared by the kernels.
-
-// A compile-time flag for a fill (Alone<true>: copy every share of B into this block only).
-template <bool B> struct Alone {
-    static constexpr bool value = B;
-};
-
-// The producer thread's fill of ring position `it`: wait for the stage, announce its bytes
-// and have fill(st, Alone<...>{}) issue the copies into the stage at `st`. The ring's first
-// STAGES fills are made alone (B whole, unicast), so that none waits for the cluster's
-// barrier; the fill after them waits for it once (each thread arrived on it at the start).
-template <int CLUSTER, int STAGES, typename Fill>
-__device__ __forceinline__ void produce_stage(const Pipeline<STAGES>& pipe, unsigned it, unsigned ring,
-                                              unsigned stage_bytes, Fill&& fill) {
-    pipe.producer_acquire(it);
-    pipe.producer_expect(it, stage_bytes);
-    const unsigned st = ring + pipe.stage(it) * stage_bytes;
-    if (CLUSTER > 1 && it < STAGES) {
-        fill(st, Alone<true>{});
-    } else {
-        if (CLUSTER > 1 && it == STAGES) cluster_wait_thread();
-        fill(st, Alone<false>{});
-    }
-}
-
-// The producer thread's end, after `it` fills: no block may leave while the other's
-// consumers can still arrive on its empty barriers, so it waits until every stage's last
-// fill has been released by all of them (acquiring the next STAGES positions, which it
-// never fills). Incoming multicasts are all done by then too, as this block's consumers
-// waited for every fill. (This replaces a closing cluster barrier, whose arrival with
-// release semantics took ~1k cycles of a block's end: NOTES 124.)
-template <int CLUSTER, int STAGES>
-__device__ __forceinline__ void produce_end(const Pipeline<STAGES>& pipe, unsigned it) {
-    if constexpr (CLUSTER > 1) {
-        if (it <= STAGES) cluster_wait_thread();  // (it never made the fill that waits)
-        for (unsigned j = it; j < it + STAGES; ++j) pipe.producer_acquire(j);
-    }
-}
-
 // The staging buffer of a consumer warpgroup's tensor-store epilogue: 64 rows x 128 columns
 // of a 16-bit type, as boxes of 64 rows in the swizzle of their width.
 constexpr unsigned STAGING_BYTES = 64 * 128 * 2;

@@ -303,14 +303,31 @@ __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA
             unsigned it = 0;
             sched.template walk<SK>(first, step, b, [&](long long t, int k0, int k1) {
                 const TileRef u = order.at(t);
-                for (int kt = k0; kt < k1; ++kt, ++it)
-                    produce_stage<CLUSTER>(pipe, it, ring, S::BYTES, [&](unsigned st, auto alone) {
-                        const int m0 = (u.tm * CLUSTER + rank) * 128, za = sA ? u.z : 0, zb = sB ? u.z : 0;
-                        S::template load<CLUSTER, decltype(alone)::value>(st, &mapA, &mapB, kt, m0, u.tn * BN, za,
-                                                                          zb, pipe.full(it).addr, rank);
-                    });
+                for (int kt = k0; kt < k1; ++kt, ++it) {
+                    pipe.producer_acquire(it);
+                    pipe.producer_expect(it, S::BYTES);
+                    const unsigned st = ring + pipe.stage(it) * S::BYTES;
+                    const int m0 = (u.tm * CLUSTER + rank) * 128, za = sA ? u.z : 0, zb = sB ? u.z : 0;
+                    if (CLUSTER > 1 && it < STAGES) {  // the ring's first fills: B copied whole, unicast
+                        S::template load<CLUSTER, true>(st, &mapA, &mapB, kt, m0, u.tn * BN, za, zb,
+                                                        pipe.full(it).addr);
+                    } else {
+                        if (CLUSTER > 1 && it == STAGES) cluster_wait_thread();
+                        S::template load<CLUSTER>(st, &mapA, &mapB, kt, m0, u.tn * BN, za, zb, pipe.full(it).addr,
+                                                  rank);
+                    }
+                }
             });
-            produce_end<CLUSTER>(pipe, it);
+            if constexpr (CLUSTER > 1) {
+                if (it <= STAGES) cluster_wait_thread();
+                // No block may leave while the other's consumers can still arrive on its
+                // empty barriers: the producer waits until every stage's last fill has been
+                // released by all of them (acquiring the next STAGES positions, which it
+                // never fills). Incoming multicasts are all done by then too, as this block's
+                // consumers waited for every fill. (This replaces a closing cluster barrier,
+                // whose arrival with release semantics took ~1k cycles of a block's end.)
+                for (unsigned j = it; j < it + STAGES; ++j) pipe.producer_acquire(j);
+            }
         } else if (CLUSTER > 1) {
             cluster_wait_thread();
         }

@@ -228,8 +228,7 @@ def test_kernel_files_and_archs():
     assert G8.KERNELS.arch == "sm_90a" and G8.KERNELS.archs == ("sm_90a",)
     assert G8.KERNELS.runs_on(90) and not any(G8.KERNELS.runs_on(cc) for cc in (80, 86, 89, 100))
     assert Q8.KERNELS.arch is None and Q8.KERNELS.archs == _kernels.PORTABLE_ARCHS
-    assert len(Q8.KERNELS.name_expressions) == 9
-    assert len(G8.KERNELS.name_expressions) == 3 * len(G8.TILES) == 15  # 3 outs x (3 tiles + 2 pairs)
+    assert len(Q8.KERNELS.name_expressions) == 9 and len(G8.KERNELS.name_expressions) == 9  # 3 outs x 3 tiles
 
 
 def _props(cc, name="NVIDIA H100 80GB HBM3"):
@@ -247,29 +246,22 @@ def test_gpu_error_names_the_gpu(monkeypatch):
 
 
 # ------------------------------------------------------------------ GEMM plan and maps
-# units (tiles; pairs of tiles stacked along M for c2) of (1, 1), (128, 256), (129, 257),
-# (600, 600), (4096, 4096), (8192, 8192)
-_FP8_TILES = {"128x256": (256, 4, 1, (1, 1, 4, 15, 512, 2048)),
-              "128x192": (192, 4, 1, (1, 2, 4, 20, 704, 2752)),
-              "128x128": (128, 6, 1, (1, 2, 6, 25, 1024, 4096)),
-              "128x256c2": (256, 4, 2, (1, 1, 2, 9, 256, 1024)),
-              "128x192c2": (192, 4, 2, (1, 2, 2, 12, 352, 1376))}
+# tiles of (1, 1), (128, 256), (129, 257), (600, 600), (4096, 4096), (8192, 8192)
+_FP8_TILES = {"128x256": (256, 4, (1, 1, 4, 15, 512, 2048)),
+              "128x192": (192, 4, (1, 2, 4, 20, 704, 2752)),
+              "128x128": (128, 6, (1, 2, 6, 25, 1024, 4096))}
 
 
 @pytest.mark.parametrize("config", _FP8_TILES)
 @pytest.mark.parametrize("dout", G8.OUT_TYPES)
 def test_gemm_plan(config, dout):
-    bn, stages, cl, counts = _FP8_TILES[config]
-    assert G8.TILES[config] == (bn, stages, cl)
-    for (M, N), units in zip([(1, 1), (128, 256), (129, 257), (600, 600), (4096, 4096), (8192, 8192)], counts):
+    bn, stages, counts = _FP8_TILES[config]
+    for (M, N), tiles in zip([(1, 1), (128, 256), (129, 257), (600, 600), (4096, 4096), (8192, 8192)], counts):
         pl = G8.plan(M, N, dout, H100_SMS, config)
         assert pl.name in G8.KERNELS.name_expressions
-        assert pl.name == f"scaled_matmul_wgmma_ws<{_dtypes.cuda_type(dout)}, {bn}, {stages}, {cl}>"
-        # a persistent grid: a block (a cluster) a unit, at most the SMs' worth
-        assert pl.grid == (cl * min(units, H100_SMS // cl), 1, 1) and pl.block == (384,) and pl.cluster == cl
+        assert pl.name == f"scaled_matmul_wgmma_ws<{_dtypes.cuda_type(dout)}, {bn}, {stages}>"
+        assert pl.grid == (min(tiles, H100_SMS), 1, 1) and pl.block == (384,) and pl.cluster == 1
         assert pl.smem == stages * (128 + bn) * 128 + 32768 + 1024 + 16 * stages <= SMEM_OPTIN
-        if cl > 1:  # the driver's count of clusters that fit, where it says fewer
-            assert G8.plan(M, N, dout, H100_SMS, config, clusters=60).grid == (cl * min(units, 60), 1, 1)
     with pytest.raises(TypeError, match="out_dtype"):
         G8.plan(1, 1, "float64")
     with pytest.raises(ValueError, match="config"):
@@ -283,7 +275,6 @@ def test_gemm_pick(M, N, config):
     # tiles; 8192^2 and 4096 x 28672 fill the waves of either tile alike, and the 192-wide
     # one runs faster; a problem of one wave takes the narrowest tile
     assert G8.pick_config(M, N, H100_SMS) == config
-    assert G8.TILES[G8.pick_config(M, N, H100_SMS, pairs=False)][2] == 1
     assert G8.plan(M, N, "bfloat16", H100_SMS).name == G8.plan(M, N, "bfloat16", H100_SMS, config).name
 
 
@@ -292,10 +283,6 @@ def test_map_specs():
     assert (da, sa, ba) == ((704, 300, 1), (704, 704 * 300), (128, 128, 1))
     assert (db, sb, bb) == ((704, 520, 1), (720, 720 * 520), (128, 192, 1))
     assert G8.map_specs(300, 520, 704, 704, 720, "128x256")[1][2] == (128, 256, 1)
-    # a pair's block copies its half of B's columns (multicast to both)
-    assert G8.map_specs(300, 520, 704, 704, 720, "128x256c2")[1][2] == (128, 128, 1)
-    assert G8.map_specs(300, 520, 704, 704, 720, "128x192c2")[0][2] == (128, 128, 1)
-    assert G8.map_specs(300, 520, 704, 704, 720, "128x192c2")[1][2] == (128, 96, 1)
     for dims, strides, box in G8.map_specs(1, 1, 16, 16, 16, "128x128"):
         assert box[0] * 1 == 128  # the inner box is one 128-byte swizzle row of 1-byte elements
         assert all(s % 16 == 0 for s in strides) and all(b <= 256 for b in box)

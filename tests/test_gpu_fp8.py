@@ -344,9 +344,9 @@ def test_scaled_matmul_shapes(M, N, K, dout):
 @pytest.mark.parametrize("config", _fp8_gemm.CONFIGS["wgmma_ws"])
 def test_every_tile_configuration(config, monkeypatch):
     # each configuration, auto's or not: tiles walked by every block (several a block at
-    # 2000 x 3000), an odd number of tile rows (a pair's second tile lies past M: copied as
-    # zeros, never stored), K not a multiple of the ring; the tensor-store epilogue (16-bit
-    # out, per-tensor scales, no bias) and the direct one (per-row / per-column scales, bias)
+    # 2000 x 3000), edge tiles, K not a multiple of the ring; the tensor-store epilogue
+    # (16-bit out, per-tensor scales, no bias) and the direct one (per-row / per-column
+    # scales, bias)
     require_hopper()
     monkeypatch.setattr(_fp8_gemm, "DEFAULT_CONFIG", config)
     for M, N, K in ((300, 1000, 640), (2000, 3000, 1008), (1, 520, 128)):

@@ -110,6 +110,37 @@ def time_gpu(fn, *, repeats=50, warmup=5, flush=None, budget_s=2.0, min_repeats=
     return Timing(statistics.median(times), min(times), n)
 
 
+def time_gpu_interleaved(fns, *, repeats=30, warmup=3, flush=None):
+    """``time_gpu`` of several callables (name -> no-argument callable) whose calls
+    interleave: the i-th call of each runs before the (i + 1)-th of any, each after an L2
+    flush and between its own events, so that a drift of the GPU's clock or power over the
+    measure (several percent within seconds on an H100 running long GEMMs: NOTES) falls on
+    all of them alike. For A/B comparisons of configurations; calls of at least tens of
+    microseconds (no hold kernel: the host queues them faster than they run). {name:
+    Timing}."""
+    import cupy
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    events = {name: [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(repeats)] for name in fns}
+    _sync()
+    for i in range(repeats):
+        for name, fn in fns.items():
+            if flush is not None:
+                flush()
+            start, end = events[name][i]
+            start.record()
+            fn()
+            end.record()
+    _sync()
+    out = {}
+    for name, pairs in events.items():
+        times = [cupy.cuda.get_elapsed_time(s, e) for s, e in pairs]
+        out[name] = Timing(statistics.median(times), min(times), repeats)
+    return out
+
+
 class _Hold:
     """A flag in pinned host memory that the hold kernel polls (mapped into the device's
     address space: unified addressing), and a device word it sets when it gave up."""

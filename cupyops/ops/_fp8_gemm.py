@@ -8,9 +8,7 @@ checked the arguments and laid the operands out as the kernel needs them:
   (setmaxnreg) around a full/empty mbarrier ring, 128 x BN tiles (``CONFIGS``), one
   persistent block an SM over the tiles in grouped order; e4m3 wgmmas whose partial sums
   are added into float32 accumulators every 128 K (the fp8 tensor cores' own running sum
-  keeps ~14 bits); scales and bias applied in the epilogue. Configurations ending in
-  ``c2`` pair blocks in clusters of 2 on tiles stacked along M that multicast halves of
-  their B (as gemm_wgmma_ws's pairs; cuBLAS's fp8 kernels run in 1 x 2 clusters).
+  keeps ~14 bits); scales and bias applied in the epilogue.
 
 Both operands are K-major (8-bit wgmma has no transpose): A stored M x K, B stored N x K,
 each read through a 3-D tensor map (K, rows, 1) of 1-byte elements with the 128-byte
@@ -34,18 +32,16 @@ OUT_TYPES = ("bfloat16", "float16", "float32")
 ARCH = "sm_90a"
 BM = 128  # rows of a tile (64 a consumer warpgroup)
 BK = 128  # K of a stage: 128 one-byte elements, the 128-byte swizzle's row
-# config -> (BN, STAGES, CLUSTER): as many stages of (BM + BN) x BK bytes as fit in 227 KB
-# beside the epilogue's staging; CLUSTER blocks a cluster, tiles stacked along M
-TILES = {"128x256": (256, 4, 1), "128x192": (192, 4, 1), "128x128": (128, 6, 1),
-         "128x256c2": (256, 4, 2), "128x192c2": (192, 4, 2)}
+# config -> (BN, STAGES): as many stages of (BM + BN) x BK bytes as fit in 227 KB beside the
+# epilogue's staging
+TILES = {"128x256": (256, 4), "128x192": (192, 4), "128x128": (128, 6)}
 STAGING = 2 * 64 * 128 * 2  # the tensor-store epilogue's: 16 KB a consumer warpgroup
 CONFIGS = {"wgmma_ws": tuple(TILES)}
 DEFAULT_CONFIG = None  # None: pick_config's choice; the sweeps set a tile here
 # Relative speed of one tile column a wave (the wave model of pick_config), from
 # benchmarks/fp8_probe.py --configs all on an H100 (NOTES): the 192-wide tile ran ~2 %
 # faster than the 256-wide one where both fill their last wave alike; 128 lost everywhere.
-# A configuration not listed here is never picked (a caller may still name it).
-EFFICIENCY = {"128x256": 1.0, "128x192": 1.02, "128x128": 0.9}
+EFFICIENCY = {256: 1.0, 192: 1.02, 128: 0.9}
 THREADS = 384  # a producer and two consumer warpgroups
 ALIGN = _tma.ALIGN  # bytes: a tensor map's start and row stride
 BIAS_NONE, BIAS_F32, BIAS_OUT = 0, 1, 2  # the kernel's bias_kind
@@ -54,7 +50,7 @@ BIAS_NONE, BIAS_F32, BIAS_OUT = 0, 1, 2  # the kernel's bias_kind
 def smem(config):
     """Dynamic shared memory: the ring of (BM + BN) x BK bytes a stage, the epilogue's
     staging, the ring's 1024-byte alignment, and two 8-byte mbarriers a stage."""
-    bn, stages, _ = TILES[config]
+    bn, stages = TILES[config]
     return stages * (BM + bn) * BK + STAGING + _tma.SWIZZLE_ATOM_BYTES + 16 * stages
 
 
@@ -123,45 +119,35 @@ def k_major_ld(shape, strides, ptr):
     return s_rows
 
 
-def pick_config(M, N, sm_count=132, pairs=True):
-    """The tile of an M x N output: fewest waves of blocks over the SMs (a pair takes two
-    tiles stacked along M, so an odd row of tiles costs a block that computes zeros), each
-    wave costing its tile's columns over the configuration's measured speed
-    (``EFFICIENCY``); no pairs where M has a single row of tiles (nor with ``pairs``
-    false)."""
+def pick_config(M, N, sm_count=132):
+    """The tile of an M x N output: fewest waves of tiles over the SMs, each wave costing its
+    tile's columns over the tile's measured speed (``EFFICIENCY``)."""
     def cost(cfg):
-        bn, _, cl = TILES[cfg]
-        blocks = _launch.cdiv(M, BM * cl) * cl * _launch.cdiv(N, bn)
-        return _launch.cdiv(blocks, sm_count) * bn / EFFICIENCY[cfg]
+        bn = TILES[cfg][0]
+        return _launch.cdiv(_launch.cdiv(M, BM) * _launch.cdiv(N, bn), sm_count) * bn / EFFICIENCY[bn]
 
-    return min((c for c in EFFICIENCY if M > BM * (TILES[c][2] - 1) and (pairs or TILES[c][2] == 1)), key=cost)
+    return min(TILES, key=cost)
 
 
-def plan(M, N, out_dtype, sm_count=132, config=None, clusters=None):
+def plan(M, N, out_dtype, sm_count=132, config=None):
     """The ``_launch.Launch`` of ``wgmma_ws`` for an M x N output (a plain function of
-    numbers: the CPU tier checks it): one persistent block an SM, at most one a tile; a
-    clustered configuration as many clusters as fit at once (``clusters``, default the SMs
-    over the cluster size), at most one a unit of tiles stacked along M."""
+    numbers: the CPU tier checks it): one persistent block an SM, at most one a tile."""
     if out_dtype not in OUT_TYPES:
         raise TypeError(f"out_dtype: {out_dtype!r} is not one of {', '.join(OUT_TYPES)}")
     config = pick_config(M, N, sm_count) if config is None else config
     if config not in TILES:
         raise ValueError(f"config: unknown scaled_matmul tile {config!r}; expected one of {', '.join(TILES)}")
-    bn, _, cl = TILES[config]
-    units = _launch.cdiv(M, BM * cl) * _launch.cdiv(N, bn)
-    grid = (cl * max(1, min(units, clusters or sm_count // cl)), 1, 1)
-    return _launch.Launch(KERNELS, _name(out_dtype, config), grid, (THREADS,), smem(config),
-                          "scaled_matmul impl='wgmma_ws'", cl)
+    tiles = _launch.cdiv(M, BM) * _launch.cdiv(N, TILES[config][0])
+    return _launch.Launch(KERNELS, _name(out_dtype, config), (max(1, min(tiles, sm_count)), 1, 1), (THREADS,),
+                          smem(config), "scaled_matmul impl='wgmma_ws'")
 
 
 def map_specs(M, N, K, lda, ldb, config):
     """(dims, byte strides, box) of the tensor maps of A (M x K) and B (N x K): K
     innermost, then the rows, then a batch of one (its stride is never stepped, but must
-    be a multiple of 16 bytes: a whole operand). B's box is the rows a block copies: its
-    share of the tile's columns in a cluster."""
-    bn, _, cl = TILES[config]
+    be a multiple of 16 bytes: a whole operand)."""
     return [((K, rows, 1), (ld, ld * rows), (BK, box_rows, 1))
-            for rows, ld, box_rows in ((M, lda, BM), (N, ldb, bn // cl))]
+            for rows, ld, box_rows in ((M, lda, BM), (N, ldb, TILES[config][0]))]
 
 
 def tensor_maps(p, config):
@@ -203,7 +189,7 @@ def gpu_error(props):
     return why if why is None or KERNELS.runs_on(props.cc) else f"{why}; there is no fallback kernel"
 
 
-_PLANS = {}  # memoized (config, Launch) per (Fp8Problem.shape_key, the named config or None, device)
+_PLANS = {}  # memoized Launch per (Fp8Problem.shape_key, device)
 
 
 def launch(impl, p, config=None):
@@ -215,22 +201,8 @@ def launch(impl, p, config=None):
     why = gpu_error(props)
     if why is not None:
         raise ValueError(f"impl: {impl!r}: {why}")
-    named = config or DEFAULT_CONFIG
-
-    def build():
-        cfg = named or pick_config(p.M, p.N, props.sm_count)
-        pl = plan(p.M, p.N, p.out_dtype, props.sm_count, cfg)
-        if pl.cluster == 1:
-            return cfg, pl
-        slots = _launch.cluster_slots(KERNELS, pl.name, pl.cluster, (THREADS,), pl.smem, props,
-                                      "scaled_matmul impl='wgmma_ws'")
-        if slots is not None:
-            return cfg, plan(p.M, p.N, p.out_dtype, props.sm_count, cfg, slots)
-        if named:
-            raise ValueError(f"config: {cfg!r}: no cluster of {pl.cluster} blocks of it fits {props.name}")
-        cfg = pick_config(p.M, p.N, props.sm_count, pairs=False)  # auto's pair, and none fits: single blocks
-        return cfg, plan(p.M, p.N, p.out_dtype, props.sm_count, cfg)
-
-    cfg, pl = _launch.memo(_PLANS, (p.shape_key(), named, _launch.current_device()), build)
+    config = config or DEFAULT_CONFIG or pick_config(p.M, p.N, props.sm_count)
     d_map, by_tma = output_map(p)
-    pl(p.args() + tensor_maps(p, cfg) + (d_map, np.int32(by_tma)))
+    maps = tensor_maps(p, config) + (d_map, np.int32(by_tma))
+    key = (p.shape_key(), config, _launch.current_device())
+    _launch.memo(_PLANS, key, lambda: plan(p.M, p.N, p.out_dtype, props.sm_count, config))(p.args() + maps)

@@ -283,14 +283,21 @@ def require_gpu(impl, props):
 
 
 _PLANS = {}  # memoized (Tile, Launch, StreamK or None) per (impl, GemmProblem.shape_key, config, device, ...)
+_SLOTS = {}  # clusters that fit at once, per (kernel name, device)
 
 
-def _cluster_slots(name, tile, props):
-    """How many clusters of kernel ``name`` run at once (None: not clustered, or none fits)."""
+def _cluster_slots(name, tile, props, device):
+    """How many clusters of kernel ``name`` run at once (None: not clustered)."""
     if tile.cluster == 1:
         return None
-    return _launch.cluster_slots(KERNELS, name, tile.cluster, (THREADS["wgmma_ws"],), smem("wgmma_ws", tile), props,
-                                 "gemm impl='wgmma_ws'")
+
+    def query():
+        fn = KERNELS.function(name)
+        nbytes = smem("wgmma_ws", tile)
+        _launch.request_smem(fn, nbytes, props, "gemm impl='wgmma_ws'")
+        return _launch.max_active_clusters(fn, tile.cluster, (THREADS["wgmma_ws"],), nbytes) or 0
+
+    return _launch.memo(_SLOTS, (name, device), query) or None
 
 
 def launch(impl, p, config=None):
@@ -306,7 +313,7 @@ def launch(impl, p, config=None):
         cfg, pl = plan(impl, p, config, props.sm_count)
         t = tile_of(impl, cfg)
         if t.cluster > 1:
-            slots = _cluster_slots(pl.name, t, props)
+            slots = _cluster_slots(pl.name, t, props, device)
             if slots is None and config is None:  # auto's pair, and none fits this GPU: single blocks
                 cfg = "128x128"
                 t, pl = tile_of(impl, cfg), plan(impl, p, cfg, props.sm_count)[1]
