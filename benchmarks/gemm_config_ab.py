@@ -6,10 +6,12 @@ CUDA events, L2 flushed, median of ``--repeats``.
 
     python benchmarks/gemm_config_ab.py [--shapes 512x28672x4096,...] [--layouts nt,nn]
         [--dtypes bfloat16,float16] [--configs auto,128x128c2,128x176c2] [--rounds 2]
-        [--json PATH]
+        [--interleave] [--json PATH]
 
 ``nt`` is ``x @ w.T`` (B stored N x K, cuBLAS given ``w.T``), ``nn`` is ``a @ b``. A
 configuration that does not take a layout (128x176c2 on ``nn``) is left out of it.
+``--interleave``: in each round the calls of cuBLAS and every configuration interleave
+(``time_gpu_interleaved``) instead of each being timed in turn.
 """
 import argparse
 import json
@@ -20,7 +22,7 @@ import cupy as cp
 
 from cupyops import reference
 from cupyops.bench.runners import random_normal
-from cupyops.bench.timing import L2Flusher, time_gpu
+from cupyops.bench.timing import L2Flusher, time_gpu, time_gpu_interleaved
 from cupyops.ops import _gemm_wgmma as W
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,6 +37,7 @@ def main():
     ap.add_argument("--configs", default="auto," + ",".join(W.CONFIGS["wgmma_ws"]))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=40)
+    ap.add_argument("--interleave", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
     flush = L2Flusher()
@@ -62,11 +65,16 @@ def main():
                         continue
                     calls[cfg] = lambda c=c: W.launch("wgmma_ws", p, c)
                 for r in range(args.rounds):
-                    us = {n: time_gpu(f, flush=flush, repeats=args.repeats, warmup=3).median_ms * 1e3
-                          for n, f in calls.items()}
+                    if args.interleave:
+                        us = {n: t.median_ms * 1e3
+                              for n, t in time_gpu_interleaved(calls, repeats=args.repeats, flush=flush).items()}
+                    else:
+                        us = {n: time_gpu(f, flush=flush, repeats=args.repeats, warmup=3).median_ms * 1e3
+                              for n, f in calls.items()}
                     line = " ".join(f"{n} {v:8.2f} ({us['cublas'] / v:.3f}x)" for n, v in us.items() if n != "cublas")
-                    print(f"{shape} {dt} {lay} r{r}: cublas {us['cublas']:8.2f} us | {line}", flush=True)
-                    rows_out.append({"shape": [M, N, K], "dtype": dt, "layout": lay, "round": r, "us": us})
+                    print(f"{'i ' if args.interleave else ''}{shape} {dt} {lay} r{r}: cublas {us['cublas']:8.2f} us | {line}", flush=True)
+                    rows_out.append({"shape": [M, N, K], "dtype": dt, "layout": lay, "round": r, "us": us,
+                                     "interleaved": args.interleave})
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows_out, fh, indent=0)
