@@ -9,7 +9,8 @@ the bytes it must move. Validated on sampled rows against the float64 reference 
 --interleave: instead of timing torch, then each configuration in turn (the second of two
 rounds kept), time them all with their calls interleaved (``time_gpu_interleaved``), ROUNDS
 times, a line per configuration and round: an A/B of tiles that the GPU's drift over a
-sweep does not decide (quantize_fp8 is left out).
+sweep does not decide (quantize_fp8 is left out). A configuration's ``@gN`` suffix walks the
+tiles in groups of N tile rows (``_fp8_gemm.GROUP_ROWS``).
 """
 import argparse
 import json
@@ -103,10 +104,12 @@ def interleaved(args, configs, ours, theirs, shape, check, ref, flush):
     fl = 2 * M * N * K
 
     def run(config):
-        _fp8_gemm.DEFAULT_CONFIG = None if config == "auto" else config  # (the launch memo is keyed by config)
+        name, _, group = config.partition("@g")  # (auto@g8: the walk in groups of 8 tile rows)
+        _fp8_gemm.DEFAULT_CONFIG = None if name == "auto" else name  # (the launch memo is keyed by config)
+        _fp8_gemm.GROUP_ROWS = int(group) if group else rows_default
         return ours()
 
-    calls, rows, default = {"torch": theirs}, [], _fp8_gemm.DEFAULT_CONFIG
+    calls, rows, default, rows_default = {"torch": theirs}, [], _fp8_gemm.DEFAULT_CONFIG, _fp8_gemm.GROUP_ROWS
     for config in configs:
         err = reference.rel_error(run(config)[check].astype(cp.float32).get(), ref)
         if not err <= reference.TOLERANCE["scaled_matmul"]["bfloat16"]:
@@ -125,7 +128,7 @@ def interleaved(args, configs, ours, theirs, shape, check, ref, flush):
                       f"{fl / t[config] / 1e9:6.1f} TFLOP/s | torch._scaled_mm {t['torch']:.4f} ms | "
                       f"{t['torch'] / t[config]:.3f}x", flush=True)
     finally:
-        _fp8_gemm.DEFAULT_CONFIG = default
+        _fp8_gemm.DEFAULT_CONFIG, _fp8_gemm.GROUP_ROWS = default, rows_default
     return rows
 
 

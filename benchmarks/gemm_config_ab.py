@@ -5,11 +5,13 @@ output is checked on a sample of rows against the float64 reference before it is
 CUDA events, L2 flushed, median of ``--repeats``.
 
     python benchmarks/gemm_config_ab.py [--shapes 512x28672x4096,...] [--layouts nt,nn]
-        [--dtypes bfloat16,float16] [--configs auto,128x128c2,128x176c2] [--rounds 2]
+        [--dtypes bfloat16,float16] [--configs auto,128x128c2,128x176c2,auto@g16] [--rounds 2]
         [--interleave] [--json PATH]
 
-``nt`` is ``x @ w.T`` (B stored N x K, cuBLAS given ``w.T``), ``nn`` is ``a @ b``. A
-configuration that does not take a layout (128x176c2 on ``nn``) is left out of it.
+A configuration's ``@gN`` suffix walks the tiles in groups of N tile rows
+(``_gemm_wgmma.GROUP_ROWS``). ``nt`` is ``x @ w.T`` (B stored N x K, cuBLAS given
+``w.T``), ``nn`` is ``a @ b``. A configuration that does not take a layout (128x176c2 on
+``nn``) is left out of it.
 ``--interleave``: in each round the calls of cuBLAS and every configuration interleave
 (``time_gpu_interleaved``) instead of each being timed in turn.
 """
@@ -54,16 +56,25 @@ def main():
                 p = problem(a, b if lay == "nn" else bt, d, False, lay == "nt")
                 calls = {"cublas": (lambda: cp.matmul(a, b)) if lay == "nn" else (lambda: cp.matmul(a, bt.T))}
                 for cfg in args.configs.split(","):
-                    c = None if cfg == "auto" else cfg
+                    name, _, group = cfg.partition("@g")  # (auto@g16: the walk in groups of 16 tile rows)
+                    c = None if name == "auto" else name
                     if c is not None and not W.takes_layout(W.tile_of("wgmma_ws", c), lay == "nt"):
                         continue
+
+                    def run(c=c, group=int(group) if group else W.GROUP_ROWS):
+                        default, W.GROUP_ROWS = W.GROUP_ROWS, group
+                        try:
+                            W.launch("wgmma_ws", p, c)
+                        finally:
+                            W.GROUP_ROWS = default
+
                     d.fill(float("nan"))
-                    W.launch("wgmma_ws", p, c)
+                    run()
                     err = reference.rel_error(d[sample].get(), ref)
                     if not err <= reference.gemm_tolerance(dt, K):
                         print(f"WRONG {shape} {dt} {lay} {cfg}: rel error {err:.3g}", flush=True)
                         continue
-                    calls[cfg] = lambda c=c: W.launch("wgmma_ws", p, c)
+                    calls[cfg] = run
                 for r in range(args.rounds):
                     if args.interleave:
                         us = {n: t.median_ms * 1e3
@@ -72,7 +83,8 @@ def main():
                         us = {n: time_gpu(f, flush=flush, repeats=args.repeats, warmup=3).median_ms * 1e3
                               for n, f in calls.items()}
                     line = " ".join(f"{n} {v:8.2f} ({us['cublas'] / v:.3f}x)" for n, v in us.items() if n != "cublas")
-                    print(f"{'i ' if args.interleave else ''}{shape} {dt} {lay} r{r}: cublas {us['cublas']:8.2f} us | {line}", flush=True)
+                    mode = "i " if args.interleave else ""
+                    print(f"{mode}{shape} {dt} {lay} r{r}: cublas {us['cublas']:8.2f} us | {line}", flush=True)
                     rows_out.append({"shape": [M, N, K], "dtype": dt, "layout": lay, "round": r, "us": us,
                                      "interleaved": args.interleave})
     if args.json:

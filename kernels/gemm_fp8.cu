@@ -52,7 +52,8 @@
 //
 // Launch geometry: block 384 threads; grid (min(tiles, SMs), 1, 1) with tiles =
 // cdiv(M, 128) * cdiv(N, BN); dynamic shared memory STAGES * (128 + BN) * 128 + 32 KB (the
-// epilogue's staging) + 1 KB (ring alignment) + 16 * STAGES (mbarriers).
+// epilogue's staging) + 1 KB (ring alignment) + 16 * STAGES (mbarriers). group_rows: the
+// tile rows of a group of the walk (gemm_sm90.cuh TileOrder; _fp8_gemm.GROUP_ROWS).
 #include "gemm_sm90.cuh"
 
 using namespace cuops;
@@ -188,7 +189,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                            int sa_step, float sa0, const float* __restrict__ scale_b, int sb_step, float sb0,
                            const void* __restrict__ bias, int bias_kind, const __grid_constant__ TmaMap mapA,
                            const __grid_constant__ TmaMap mapB, const __grid_constant__ TmaMap mapD,
-                           int store_by_tma) {
+                           int store_by_tma, int group_rows) {
     using namespace gf8;
     typedef Tile<BN> TL;
     extern __shared__ unsigned char smem_raw[];
@@ -198,7 +199,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     if (threadIdx.x == 0) pipe.init(2);  // an empty phase: one arrival per consumer warpgroup
     __syncthreads();
 
-    const TileOrder order{cdiv(M, BM), cdiv(N, BN)};  // (one product: every tile's z is 0)
+    const TileOrder order{cdiv(M, BM), cdiv(N, BN), group_rows};  // (one product: every tile's z is 0)
     const int KT = cdiv(K, BK);
     const long long tiles = order.tiles();
     if (warpgroup() == 0) {  // producer

@@ -10,7 +10,7 @@ namespace sm90 {
 
 constexpr int WG = 128;                // threads of a warpgroup
 constexpr unsigned RING_ALIGN = 1024;  // the swizzle atom: stages start 1024-byte aligned
-constexpr int GROUP_M = 8;             // tile rows that walk the tile columns together
+constexpr int GROUP_M = 8;             // tile rows that walk the tile columns together (gemm_wgmma)
 // The warp-specialised kernels: a producer warpgroup and two consumer warpgroups, one block
 // an SM. 384 threads start with 65536 / 384 = 170 registers (capped at 168); the producer
 // gives back to 40 and the consumers take 232 (128 * 40 + 256 * 232 <= 65536).
@@ -31,21 +31,24 @@ struct TileRef {
 };
 
 // The tiles of a stack of products of TM x TN tiles each, in the order a grid walks them:
-// product by product, and inside one in groups of GROUP_M tile rows, each group walked
-// column by column, so the blocks resident at one time share B's columns and A's rows in
-// L2.
+// product by product, and inside one in groups of `group` tile rows, each group walked
+// column by column, so that the blocks resident at one time share B's columns and A's rows
+// in L2; the groups in turn walk their columns left to right and right to left
+// (serpentine), so that a group's first tiles read the B columns that the previous
+// group's last tiles left in L2. (The warp-specialised launchers pass `group`:
+// _gemm_wgmma.GROUP_ROWS, _fp8_gemm.GROUP_ROWS; NOTES 132.)
 struct TileOrder {
-    int TM, TN;
+    int TM, TN, group;
 
     __device__ __forceinline__ long long tiles() const { return static_cast<long long>(TM) * TN; }
     __device__ __forceinline__ TileRef at(long long t) const {
-        const long long n = tiles(), per_group = static_cast<long long>(GROUP_M) * TN;
+        const long long n = tiles(), per_group = static_cast<long long>(group) * TN;
         const int z = static_cast<int>(t / n);
         const long long u = t - z * n;
-        const int first = static_cast<int>(u / per_group) * GROUP_M;
-        const int rows = min(TM - first, GROUP_M);
-        const int r = static_cast<int>(u % per_group);
-        return {z, first + r % rows, r / rows};
+        const int g = static_cast<int>(u / per_group), first = g * group;
+        const int rows = min(TM - first, group);
+        const int r = static_cast<int>(u % per_group), col = r / rows;
+        return {z, first + r % rows, g % 2 ? TN - 1 - col : col};
     }
 };
 

@@ -19,7 +19,8 @@
 //                     around a full/empty mbarrier ring (sm90.cuh Pipeline); a consumer
 //                     keeps one group of wgmmas in flight and releases a stage as soon as the
 //                     wgmmas that read it are done; one block an SM walks the tiles in
-//                     grouped order (8 tile rows share their B columns in L2), so the
+//                     grouped order (`group_rows` tile rows share their B columns in L2,
+//                     groups in serpentine order: gemm_sm90.cuh TileOrder), so the
 //                     producer fills the next tile's stages during this tile's epilogue.
 //                     With beta == 0 the epilogue goes through shared memory and tensor
 //                     stores, which drain while the next tile's wgmmas run. BN = 256, or
@@ -55,7 +56,8 @@
 //       cdiv(M, 128 * CLUSTER) * cdiv(N, BN); shared memory STAGES * (128 + BN) * 128 +
 //       32 KB (the epilogue's staging) + 1 KB + 16 * STAGES. mapD describes D for the epilogue's tensor
 //       stores (store_by_tma != 0, where beta == 0 and a map fits D; else direct stores), in
-//       boxes of 64 rows x store_box_cols<BN>() columns.
+//       boxes of 64 rows x store_box_cols<BN>() columns; group_rows: the tile rows of a group
+//       of the walk (_gemm_wgmma.GROUP_ROWS).
 //   gemm_wgmma_ws_sk<T, TA, TB, BN, STAGES>: as gemm_wgmma_ws with CLUSTER = 1; grid
 //       the SMs where whole waves run, else the blocks that share the tiles' k-tiles
 //       (_gemm_wgmma.streamk_plan); `work`: the flags (zeroed) and a partial tile a block.
@@ -178,7 +180,7 @@ __global__ void __launch_bounds__(WG, 1)
     if (threadIdx.x == 0) pipe.init(1);
     __syncthreads();
 
-    const TileOrder order{cdiv(M, 64), cdiv(N, BN)};
+    const TileOrder order{cdiv(M, 64), cdiv(N, BN), GROUP_M};
     const int KT = cdiv(K, BK);
     float acc[128];
     unsigned it = 0;  // k-tiles this block has consumed: the ring position of the next one
@@ -265,8 +267,8 @@ __device__ __forceinline__ float4* sk_partial(int* work, int sk_blocks, int b, i
 
 template <typename T, bool TA, bool TB, int BN, int STAGES, int CLUSTER, bool SK>
 __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA, const TmaMap& mapB,
-                                              const TmaMap& mapD, int store_by_tma, int* work, long long dp_tiles,
-                                              int sk_blocks) {
+                                              const TmaMap& mapD, int store_by_tma, int group_rows, int* work,
+                                              long long dp_tiles, int sk_blocks) {
     typedef Stage<TA, TB, 128, BN> S;
     static_assert(sizeof(T) == 2, "wgmma rungs: float16 and bfloat16");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 blocks along M");
@@ -291,7 +293,7 @@ __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA
     // unit's tiles share their B columns. (A tile row past M, when TM is odd, is copied as
     // zeros and not stored: its block still copies its share of B.)
     const int rank = CLUSTER > 1 ? static_cast<int>(cluster_rank()) : 0;
-    const TileOrder order{cdiv(M, 128 * CLUSTER), cdiv(N, BN)};
+    const TileOrder order{cdiv(M, 128 * CLUSTER), cdiv(N, BN), group_rows};
     const int KT = cdiv(K, BK);
     const long long total = order.tiles() * batch;
     const Schedule sched{total, SK ? dp_tiles : total, KT, sk_blocks};
@@ -404,9 +406,9 @@ __device__ __forceinline__ void wgmma_ws_body(GEMM_PARAMS(T), const TmaMap& mapA
 template <typename T, bool TA, bool TB, int BN, int STAGES, int CLUSTER>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     gemm_wgmma_ws(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB,
-                  const __grid_constant__ TmaMap mapD, int store_by_tma) {
-    gwg::wgmma_ws_body<T, TA, TB, BN, STAGES, CLUSTER, false>(GWG_ARGS, mapA, mapB, mapD, store_by_tma, nullptr, 0,
-                                                              0);
+                  const __grid_constant__ TmaMap mapD, int store_by_tma, int group_rows) {
+    gwg::wgmma_ws_body<T, TA, TB, BN, STAGES, CLUSTER, false>(GWG_ARGS, mapA, mapB, mapD, store_by_tma, group_rows,
+                                                              nullptr, 0, 0);
 }
 
 // gemm_wgmma_ws with the tiles past the last whole wave shared along K by every block
@@ -416,9 +418,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 template <typename T, bool TA, bool TB, int BN, int STAGES>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     gemm_wgmma_ws_sk(GEMM_PARAMS(T), const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB,
-                     const __grid_constant__ TmaMap mapD, int store_by_tma, int* work, long long dp_tiles,
-                     int sk_blocks) {
-    gwg::wgmma_ws_body<T, TA, TB, BN, STAGES, 1, true>(GWG_ARGS, mapA, mapB, mapD, store_by_tma, work, dp_tiles,
-                                                       sk_blocks);
+                     const __grid_constant__ TmaMap mapD, int store_by_tma, int group_rows, int* work,
+                     long long dp_tiles, int sk_blocks) {
+    gwg::wgmma_ws_body<T, TA, TB, BN, STAGES, 1, true>(GWG_ARGS, mapA, mapB, mapD, store_by_tma, group_rows, work,
+                                                       dp_tiles, sk_blocks);
 }
 #undef GWG_ARGS

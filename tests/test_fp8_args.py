@@ -354,9 +354,9 @@ class _Dev:
 
 def test_gemm_arguments_match_the_kernel_signature():
     params = _kernel_params("gemm_fp8.cu", "scaled_matmul_wgmma_ws")
-    assert params[-4:] == ["TmaMap", "TmaMap", "TmaMap", "int"]  # A, B, D, store_by_tma
+    assert params[-5:] == ["TmaMap", "TmaMap", "TmaMap", "int", "int"]  # A, B, D, store_by_tma, group_rows
     d_map, by_tma = G8.output_map(G8.Fp8Problem(7, 9, 32, _Dev(), _Dev(), 32, 32, _Dev(), "float32"))
-    maps = (bytes(128), bytes(128), d_map, np.int32(by_tma))  # as launch() passes them
+    maps = (bytes(128), bytes(128), d_map, np.int32(by_tma), np.int32(G8.GROUP_ROWS))  # as launch() passes them
     p = G8.Fp8Problem(7, 9, 32, _Dev(), _Dev(), 32, 32, _Dev(), "float16")
     args = p.args()
     _check_args(params, args + maps, "no scales, no bias")

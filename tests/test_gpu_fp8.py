@@ -341,14 +341,18 @@ def test_scaled_matmul_shapes(M, N, K, dout):
     run_mm(M, N, K, dout, "float", "device0d", None, "contiguous", "rowmajor", False, M + N * K)
 
 
+@pytest.mark.parametrize("group", [None, 3])
 @pytest.mark.parametrize("config", _fp8_gemm.CONFIGS["wgmma_ws"])
-def test_every_tile_configuration(config, monkeypatch):
+def test_every_tile_configuration(config, group, monkeypatch):
     # each configuration, auto's or not: tiles walked by every block (several a block at
     # 2000 x 3000), edge tiles, K not a multiple of the ring; the tensor-store epilogue
     # (16-bit out, per-tensor scales, no bias) and the direct one (per-row / per-column
-    # scales, bias)
+    # scales, bias); the walk in groups of the default rows and of 3 (16 tile rows at
+    # M = 2000: groups of alternating direction, the last one short)
     require_hopper()
     monkeypatch.setattr(_fp8_gemm, "DEFAULT_CONFIG", config)
+    if group is not None:
+        monkeypatch.setattr(_fp8_gemm, "GROUP_ROWS", group)
     for M, N, K in ((300, 1000, 640), (2000, 3000, 1008), (1, 520, 128)):
         run_mm(M, N, K, "bfloat16", "device0d", "float", None, "contiguous", "kmajor", True, M + N)
         run_mm(M, N, K, "float16", "vector", "vector", "out", "contiguous", "kmajor", False, M * N)

@@ -471,13 +471,18 @@ def test_auto_runs_wgmma_ws_on_hopper(monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", list(G._gemm_wgmma.CONFIGS["wgmma_ws"]))
-def test_wgmma_ws_blocks_walk_several_tiles(cfg, dtype):
+@pytest.mark.parametrize("group", [None, 3])
+def test_wgmma_ws_blocks_walk_several_tiles(cfg, dtype, group, monkeypatch):
     # more tiles than SMs (170 of 128x256, 221 of 128x192, 323 of 128x128, 90 pairs of
     # 128x256 and 126 of 128x176 on 66 cluster slots), so each persistent block carries its
     # ring's phases, its staging buffer and the producer's run-ahead from one tile to the
     # next; beta == 0 (tensor stores) and beta != 0 (direct stores), a @ b and x @ w.T
-    # (128x176c2: x @ w.T alone, both epilogues)
+    # (128x176c2: x @ w.T alone, both epilogues). The walk in groups of the default rows
+    # (17 tile rows: a group of 16 and one of 1, walked right to left) and of 3 (groups of
+    # alternating direction, the last one short)
     require("wgmma_ws")
+    if group is not None:
+        monkeypatch.setattr(G._gemm_wgmma, "GROUP_ROWS", group)
     cp = _cp()
     rng = np.random.default_rng()
     M, N, K = 2056, 2312, 200

@@ -110,30 +110,41 @@ def time_gpu(fn, *, repeats=50, warmup=5, flush=None, budget_s=2.0, min_repeats=
     return Timing(statistics.median(times), min(times), n)
 
 
-def time_gpu_interleaved(fns, *, repeats=30, warmup=3, flush=None):
+def time_gpu_interleaved(fns, *, repeats=30, warmup=3, flush=None, held=True):
     """``time_gpu`` of several callables (name -> no-argument callable) whose calls
     interleave: the i-th call of each runs before the (i + 1)-th of any, each after an L2
     flush and between its own events, so that a drift of the GPU's clock or power over the
     measure (several percent within seconds on an H100 running long GEMMs: NOTES) falls on
-    all of them alike. For A/B comparisons of configurations; calls of at least tens of
-    microseconds (no hold kernel: the host queues them faster than they run). {name:
-    Timing}."""
+    all of them alike. For A/B comparisons of configurations. As in ``time_gpu``, the calls
+    are queued in batches behind the hold kernel, so that the GPU never waits for the host
+    inside an event pair; where a batch outlives the hold (a call that waits for the stream
+    on the host, such as a synchronous copy on the legacy stream), they are timed again
+    unheld, which is sound only for calls far longer than their host time. {name: Timing}."""
     import cupy
 
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     events = {name: [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(repeats)] for name in fns}
+    per_batch = max(1, HOLD_BATCH // len(fns))
     _sync()
-    for i in range(repeats):
-        for name, fn in fns.items():
-            if flush is not None:
-                flush()
-            start, end = events[name][i]
-            start.record()
-            fn()
-            end.record()
+    hold = _Hold() if held else None
+    for b in range(0, repeats, per_batch):
+        if hold is not None:
+            hold.engage()
+        for i in range(b, min(b + per_batch, repeats)):
+            for name, fn in fns.items():
+                if flush is not None:
+                    flush()
+                start, end = events[name][i]
+                start.record()
+                fn()
+                end.record()
+        if hold is not None:
+            hold.release()
     _sync()
+    if hold is not None and hold.timed_out():
+        return time_gpu_interleaved(fns, repeats=repeats, warmup=0, flush=flush, held=False)
     out = {}
     for name, pairs in events.items():
         times = [cupy.cuda.get_elapsed_time(s, e) for s, e in pairs]

@@ -43,6 +43,10 @@ DEFAULT_CONFIG = None  # None: pick_config's choice; the sweeps set a tile here
 # faster than the 256-wide one where both fill their last wave alike; 128 lost everywhere.
 EFFICIENCY = {256: 1.0, 192: 1.02, 128: 0.9}
 THREADS = 384  # a producer and two consumer warpgroups
+# Tile rows of a group of the persistent walk (gemm_sm90.cuh TileOrder, serpentine): 8, where
+# the 16-bit GEMM takes 16; 16 measured 0-1.4 % behind at 4096 x 28672 x 4096 and 8192^3
+# (NOTES 132). The probes' A/B sets it.
+GROUP_ROWS = 8
 ALIGN = _tma.ALIGN  # bytes: a tensor map's start and row stride
 BIAS_NONE, BIAS_F32, BIAS_OUT = 0, 1, 2  # the kernel's bias_kind
 
@@ -203,6 +207,6 @@ def launch(impl, p, config=None):
         raise ValueError(f"impl: {impl!r}: {why}")
     config = config or DEFAULT_CONFIG or pick_config(p.M, p.N, props.sm_count)
     d_map, by_tma = output_map(p)
-    maps = tensor_maps(p, config) + (d_map, np.int32(by_tma))
+    maps = tensor_maps(p, config) + (d_map, np.int32(by_tma), np.int32(GROUP_ROWS))
     key = (p.shape_key(), config, _launch.current_device())
     _launch.memo(_PLANS, key, lambda: plan(p.M, p.N, p.out_dtype, props.sm_count, config))(p.args() + maps)

@@ -286,6 +286,14 @@ _PLANS = {}  # memoized (Tile, Launch, StreamK or None) per (impl, GemmProblem.s
 _SLOTS = {}  # clusters that fit at once, per (kernel name, device)
 
 
+# Tile rows of a group of wgmma_ws's persistent walk (gemm_sm90.cuh TileOrder, serpentine):
+# the blocks resident at one time cover that many rows of tiles and the columns that fill
+# the grid. 16 rows of 128 x 256 tiles at K = 4096 hold ~33 MB of A and B against ~43 MB for
+# 8 (the L2 holds 50 MB): 0.2-1 % ahead of 8 on the 4096-token shapes in one interleaved
+# A/B, level in another (NOTES 132). The probes' A/B sets it.
+GROUP_ROWS = 16
+
+
 def _cluster_slots(name, tile, props, device):
     """How many clusters of kernel ``name`` run at once (None: not clustered)."""
     if tile.cluster == 1:
@@ -330,7 +338,7 @@ def launch(impl, p, config=None):
     args = p.args() + maps
     if impl == "wgmma_ws":
         d_map, by_tma = output_map(p, tile)
-        args += (d_map, np.int32(by_tma))
+        args += (d_map, np.int32(by_tma), np.int32(GROUP_ROWS))
     if sk is not None:
         work = _streamk_workspace(sk)
         args += (np.uint64(work.ptr if work is not None else 0), np.int64(sk.dp_tiles), np.int32(sk.sk_blocks))
