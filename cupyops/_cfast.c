@@ -8,7 +8,11 @@
    workspace, writes the addresses into the launches' packed parameter blocks and calls
    cuLaunchKernel. In Python that is a few hundred bytecodes and a Python-level driver
    wrapper per launch; here (Finder, Replay, cupy_sig, torch_sig) it is the same steps with
-   the interpreter out of the way, but for the spec, which stays the operator's own Python.
+   the interpreter out of the way, but for the spec, which stays the operator's own Python
+   where it is not declared. The public operator itself is an Operator (below): it takes
+   the caller's arguments as they are passed, with no Python frame, tuple or dict between
+   them and the Finder, which runs a found FastCall (a Replay) directly; the current
+   device comes from the driver (current_device), not from a Python call.
    It is an optional extension: where it was not compiled, the Python methods run, with the
    same results; FastCall and FastCalls use these in place of their methods when it was.
 
@@ -22,6 +26,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <structmember.h>
 
 /* cuLaunchKernel's C signature (CUresult is an int-sized enum): the address comes from
    Python (ctypes on libcuda.so.1, or a stand-in in the CPU tier), so no CUDA header is
@@ -67,6 +72,7 @@ typedef struct {
        current device, torch's stream query and caching allocator */
     int torch_form;
     PyObject *torch_make, *get_device, *raw_stream, *raw_alloc, *raw_delete;
+    int ready; /* initialised (a FastCall, a subclass, may leave it not: _fast.FastCall) */
 } Replay;
 
 #define MAX_ADDRS 64 /* inputs, the output and workspace pieces of one call */
@@ -77,6 +83,37 @@ static PyObject *weakref_count; /* _weakref.getweakrefcount */
 /* cuStreamIsCapturing(stream, &status): its address comes through bind(is_capturing=) */
 typedef int (*is_capturing_t)(void *stream, int *status);
 static is_capturing_t is_capturing_fn;
+/* cuCtxGetDevice(&device): its address comes through bind(ctx_get_device=) */
+typedef int (*ctx_get_device_t)(int *device);
+static ctx_get_device_t ctx_get_device_fn;
+
+/* The current device, as CuPy's runtime.getDevice() (cudaGetDevice) answers: the device of
+   the context current to this thread. CuPy and torch both work in the primary context of
+   their current device (cudaSetDevice makes it current, at once since CUDA 12; CuPy's
+   Device.use and torch.cuda.set_device / device guards call it), and the runtime takes its
+   current device from the driver's current context; so the driver's cuCtxGetDevice gives
+   the same answer with no Python call (and whichever of the process's runtimes asks).
+   Where no context is current (a thread that made no CUDA call yet) the answer is 1: a
+   launch there fails (CUDA_ERROR_INVALID_CONTEXT), so the call is the checked path's, whose
+   runtime calls make the device's primary context current for the thread. Where the
+   address is not bound, ``fallback`` (runtime.getDevice) is asked. 0: *device set; -1 on
+   error. */
+static int current_device(PyObject *fallback, long *device) {
+    int d;
+    if (ctx_get_device_fn) {
+        if (ctx_get_device_fn(&d) != 0) return 1;
+        *device = d;
+        return 0;
+    }
+    PyObject *o = fallback ? PyObject_CallNoArgs(fallback) : NULL;
+    if (!o) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "no device query bound");
+        return -1;
+    }
+    *device = PyLong_AsLong(o);
+    Py_DECREF(o);
+    return *device == -1 && PyErr_Occurred() ? -1 : 0;
+}
 
 static void free_lists(Replay *r) {
     for (int v = 0; v < 2; v++) {
@@ -221,7 +258,9 @@ static int Replay_init(Replay *r, PyObject *args, PyObject *kw) {
         if (PyErr_Occurred()) break;
     }
     Py_DECREF(vseq);
-    return PyErr_Occurred() ? -1 : 0;
+    if (PyErr_Occurred()) return -1;
+    r->ready = 1;
+    return 0;
 }
 
 static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
@@ -240,6 +279,7 @@ static int Replay_traverse(Replay *r, visitproc visit, void *arg) {
 }
 
 static int Replay_clear(Replay *r) {
+    r->ready = 0; /* (a cleared Replay is never run again) */
     Py_CLEAR(r->owners); Py_CLEAR(r->shape); Py_CLEAR(r->dtype); Py_CLEAR(r->ndarray);
     Py_CLEAR(r->alloc); Py_CLEAR(r->stream_of); Py_CLEAR(r->kept_block); Py_CLEAR(r->kept_mem);
     Py_CLEAR(r->kept_y); Py_CLEAR(r->kept_strides); Py_CLEAR(r->kept_work);
@@ -362,15 +402,26 @@ static int remember_array(Replay *r, PyObject *y, int keep, uint64_t stream, uin
     return 0;
 }
 
-/* Replay.cupy(arrays): as FastCall.cupy. */
-static PyObject *Replay_cupy(Replay *r, PyObject *arrays) {
-    uint64_t addrs[MAX_ADDRS];
-    if (!(PyTuple_Check(arrays) || PyList_Check(arrays)) || PySequence_Fast_GET_SIZE(arrays) != r->n_inputs) {
-        PyErr_SetString(PyExc_TypeError, "arrays: a tuple of the call's inputs");
+/* The call's inputs as a tuple the Replay may hold across the call (a list, which the
+   Python calls inside could change, is copied); NULL with an error where they are not
+   the Replay's count, or the Replay is not initialised (a FastCall without C replay). */
+static PyObject *input_tuple(Replay *r, PyObject *seq, const char *what) {
+    if (!r->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "a Replay not initialised");
         return NULL;
     }
+    if (!(PyTuple_Check(seq) || PyList_Check(seq)) || PySequence_Fast_GET_SIZE(seq) != r->n_inputs) {
+        PyErr_Format(PyExc_TypeError, "%s: a tuple of the call's inputs", what);
+        return NULL;
+    }
+    return PyTuple_Check(seq) ? Py_NewRef(seq) : PyList_AsTuple(seq);
+}
+
+/* As FastCall.cupy, on the call's n_inputs arrays (references the caller holds across). */
+static PyObject *replay_cupy(Replay *r, PyObject *const *arrays) {
+    uint64_t addrs[MAX_ADDRS];
     for (Py_ssize_t i = 0; i < r->n_inputs; i++) {
-        PyObject *a = PySequence_Fast_GET_ITEM(arrays, i);
+        PyObject *a = arrays[i];
         if (a == Py_None) {
             addrs[i] = 0;
             continue;
@@ -429,6 +480,15 @@ static PyObject *Replay_cupy(Replay *r, PyObject *arrays) {
     return y;
 }
 
+/* Replay.cupy(arrays): as FastCall.cupy. */
+static PyObject *Replay_cupy(Replay *r, PyObject *arrays) {
+    PyObject *t = input_tuple(r, arrays, "arrays");
+    if (!t) return NULL;
+    PyObject *y = replay_cupy(r, &PyTuple_GET_ITEM(t, 0));
+    Py_DECREF(t);
+    return y;
+}
+
 /* Replay.set_torch(form, make, raw_stream, raw_alloc, raw_delete): how torch calls make
    their output (FastCall._torch_output_form) and reach torch's stream and allocator. The
    first call sets them and later ones change nothing: two threads' first torch calls may
@@ -452,51 +512,45 @@ static PyObject *Replay_set_torch(Replay *r, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* Replay.torch(tensors): as FastCall.torch, once set_torch has been called. */
-static PyObject *Replay_torch(Replay *r, PyObject *tensors) {
+/* As FastCall.torch, once set_torch has been called, on the call's n_inputs tensors
+   (references the caller holds across). */
+static PyObject *replay_torch(Replay *r, PyObject *const *tensors) {
     uint64_t addrs[MAX_ADDRS];
     if (!r->torch_make) {
         PyErr_SetString(PyExc_RuntimeError, "Replay.torch before set_torch");
         return NULL;
     }
-    if (!(PyTuple_Check(tensors) || PyList_Check(tensors)) || PySequence_Fast_GET_SIZE(tensors) != r->n_inputs) {
-        PyErr_SetString(PyExc_TypeError, "tensors: a tuple of the call's inputs");
-        return NULL;
-    }
-    PyObject *dev = PyObject_CallNoArgs(r->get_device); /* (held: torch's stream query takes it) */
-    if (!dev) return NULL;
-    long d = PyLong_AsLong(dev);
-    if (d == -1 && PyErr_Occurred()) goto fail_dev;
-    if (d != r->device) { /* the kernels belong to the current device's context */
-        Py_DECREF(dev);
+    long d;
+    int no_device = current_device(r->get_device, &d);
+    if (no_device < 0) return NULL;
+    if (no_device || d != r->device) /* the kernels belong to the current device's context */
         Py_RETURN_NONE;
-    }
     for (Py_ssize_t i = 0; i < r->n_inputs; i++) {
-        PyObject *t = PySequence_Fast_GET_ITEM(tensors, i);
+        PyObject *t = tensors[i];
         if (t == Py_None) {
             addrs[i] = 0;
             continue;
         }
-        if (take_u64(PyObject_CallMethodNoArgs(t, s_data_ptr), &addrs[i])) goto fail_dev;
+        if (take_u64(PyObject_CallMethodNoArgs(t, s_data_ptr), &addrs[i])) return NULL;
     }
     LaunchList *list = pick_list(r, addrs);
-    if (!list) {
-        Py_DECREF(dev);
-        Py_RETURN_NONE;
-    }
-    PyObject *first = PySequence_Fast_GET_ITEM(tensors, 0), *y;
+    if (!list) Py_RETURN_NONE;
+    PyObject *first = tensors[0], *y;
     if (r->torch_form == 0)
         y = PyObject_CallOneArg(r->torch_make, first);
     else if (r->torch_form == 1)
         y = PyObject_CallMethodOneArg(first, s_new_empty, r->shape);
     else
         y = PyObject_CallNoArgs(r->torch_make);
-    if (!y) goto fail_dev;
+    if (!y) return NULL;
     uint64_t stream, base = 0;
-    int no_stream = take_u64(PyObject_CallMethodNoArgs(y, s_data_ptr), &addrs[r->n_inputs]) ||
-                    take_u64(PyObject_CallOneArg(r->raw_stream, dev), &stream);
-    Py_CLEAR(dev);
-    if (no_stream) goto fail;
+    PyObject *dev = NULL;
+    if (take_u64(PyObject_CallMethodNoArgs(y, s_data_ptr), &addrs[r->n_inputs]) || !(dev = PyLong_FromLong(d)) ||
+        take_u64(PyObject_CallOneArg(r->raw_stream, dev), &stream)) {
+        Py_XDECREF(dev);
+        goto fail;
+    }
+    Py_DECREF(dev);
     if (r->work_bytes) {
         if (take_u64(PyObject_CallFunction(r->raw_alloc, "nK", r->work_bytes, (unsigned long long)stream), &base))
             goto fail;
@@ -515,9 +569,15 @@ static PyObject *Replay_torch(Replay *r, PyObject *tensors) {
 fail:
     Py_DECREF(y);
     return NULL;
-fail_dev:
-    Py_DECREF(dev);
-    return NULL;
+}
+
+/* Replay.torch(tensors): as FastCall.torch, once set_torch has been called. */
+static PyObject *Replay_torch(Replay *r, PyObject *tensors) {
+    PyObject *t = input_tuple(r, tensors, "tensors");
+    if (!t) return NULL;
+    PyObject *y = replay_torch(r, &PyTuple_GET_ITEM(t, 0));
+    Py_DECREF(t);
+    return y;
 }
 
 static PyMethodDef Replay_methods[] = {
@@ -530,8 +590,8 @@ static PyMethodDef Replay_methods[] = {
 static PyTypeObject ReplayType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cupyops._cfast.Replay",
     .tp_basicsize = sizeof(Replay),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "A FastCall's per-call work in C (see cupyops/_cfast.c).",
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "A FastCall's per-call work in C (see cupyops/_cfast.c); _fast.FastCall derives from it.",
     .tp_new = Replay_new,
     .tp_init = (initproc)Replay_init,
     .tp_dealloc = (destructor)Replay_dealloc,
@@ -547,6 +607,19 @@ static PyTypeObject ReplayType = {
 
 static PyObject *cupy_type, *torch_types, *unfit, *get_device_fn; /* bind() */
 static PyObject *s_dtype, *s_stride, *s_get_device, *s_cupy, *s_torch;
+/* torch_types' members, compared by address (the set holds them); -1: the set is asked */
+#define MAX_TORCH_TYPES 8
+static PyObject *torch_type_list[MAX_TORCH_TYPES];
+static Py_ssize_t n_torch_types = -1;
+
+/* Whether ``type`` is one of torch_types (-1 on error). */
+static int is_torch_type(PyObject *type) {
+    if (!torch_types) return 0;
+    if (n_torch_types < 0) return PySet_Contains(torch_types, type);
+    for (Py_ssize_t i = 0; i < n_torch_types; i++)
+        if (torch_type_list[i] == type) return 1;
+    return 0;
+}
 
 /* cupy_sig(a): (shape, strides, dtype) of a CuPy array, None for None; Unfit otherwise. */
 static PyObject *cupy_sig(PyObject *m, PyObject *a) {
@@ -564,24 +637,46 @@ static PyObject *cupy_sig(PyObject *m, PyObject *a) {
     return NULL;
 }
 
-/* torch_sig(a): (shape, stride(), dtype, get_device()) of a torch tensor, None for None. */
+/* PySequence_Fast of a new reference ``o`` (NULL: the call that made it failed), which it
+   releases. */
+static PyObject *take_fast(PyObject *o) {
+    if (!o) return NULL;
+    if (PyTuple_Check(o)) return o; /* torch.Size (a tuple subclass) read as it is: no copy a call */
+    PyObject *seq = PySequence_Fast(o, "a tensor's shape and strides: sequences");
+    Py_DECREF(o);
+    return seq;
+}
+
+/* torch_sig(a): (*shape, *stride(), dtype, get_device()) of a torch tensor, None for None:
+   one flat tuple (its length gives the rank), with no torch.Size in it: a key holding
+   one hashed and compared slower than one of plain tuples (NOTES 91). */
 static PyObject *torch_sig(PyObject *m, PyObject *a) {
-    int is = torch_types ? PySet_Contains(torch_types, (PyObject *)Py_TYPE(a)) : 0;
+    int is = is_torch_type((PyObject *)Py_TYPE(a));
     if (is < 0) return NULL;
-    if (is) {
-        PyObject *shape = PyObject_GetAttr(a, s_shape), *stride = NULL, *dtype = NULL, *dev = NULL, *out = NULL;
-        if (shape && (stride = PyObject_CallMethodNoArgs(a, s_stride)) && (dtype = PyObject_GetAttr(a, s_dtype)) &&
-            (dev = PyObject_CallMethodNoArgs(a, s_get_device)))
-            out = PyTuple_Pack(4, shape, stride, dtype, dev);
-        Py_XDECREF(shape);
-        Py_XDECREF(stride);
-        Py_XDECREF(dtype);
-        Py_XDECREF(dev);
-        return out;
+    if (!is) {
+        if (a == Py_None) Py_RETURN_NONE;
+        PyErr_SetNone(unfit ? unfit : PyExc_TypeError);
+        return NULL;
     }
-    if (a == Py_None) Py_RETURN_NONE;
-    PyErr_SetNone(unfit ? unfit : PyExc_TypeError);
-    return NULL;
+    PyObject *shape = take_fast(PyObject_GetAttr(a, s_shape)), *stride = NULL, *dtype = NULL, *dev = NULL,
+             *out = NULL;
+    if (shape && (stride = take_fast(PyObject_CallMethodNoArgs(a, s_stride))) &&
+        (dtype = PyObject_GetAttr(a, s_dtype)) && (dev = PyObject_CallMethodNoArgs(a, s_get_device))) {
+        Py_ssize_t ns = PySequence_Fast_GET_SIZE(shape), nt = PySequence_Fast_GET_SIZE(stride);
+        out = PyTuple_New(ns + nt + 2);
+        if (out) {
+            for (Py_ssize_t i = 0; i < ns; i++) PyTuple_SET_ITEM(out, i, Py_NewRef(PySequence_Fast_GET_ITEM(shape, i)));
+            for (Py_ssize_t i = 0; i < nt; i++)
+                PyTuple_SET_ITEM(out, ns + i, Py_NewRef(PySequence_Fast_GET_ITEM(stride, i)));
+            PyTuple_SET_ITEM(out, ns + nt, Py_NewRef(dtype));
+            PyTuple_SET_ITEM(out, ns + nt + 1, Py_NewRef(dev));
+        }
+    }
+    Py_XDECREF(shape);
+    Py_XDECREF(stride);
+    Py_XDECREF(dtype);
+    Py_XDECREF(dev);
+    return out;
 }
 
 static PyMethodDef cupy_sig_def = {"cupy_sig", cupy_sig, METH_O, "A CuPy array argument's part of a key."};
@@ -605,6 +700,16 @@ typedef struct {
     Py_ssize_t n_params, n_positional, n_key, n_arrays;
 } Finder;
 
+/* A call's arguments, as the vectorcall protocol passes them (args[0:n] positional, then
+   the values of the keywords kwnames names), or as the (args, kwargs) entry does (args a
+   tuple's items, kwargs a dict). The caller holds them across the call. */
+typedef struct {
+    PyObject *const *args;
+    Py_ssize_t n;
+    PyObject *kwnames; /* a non-empty tuple, or NULL */
+    PyObject *kwargs;  /* a dict, or NULL */
+} CallArgs;
+
 /* The parameter named `name`, or -1. (A call's keyword names are mostly the interned
    strings of the function's own code, so identity settles most.) */
 static Py_ssize_t param_index(Finder *f, PyObject *name) {
@@ -616,131 +721,209 @@ static Py_ssize_t param_index(Finder *f, PyObject *name) {
     return -1;
 }
 
-/* A declared call's (key, inputs) as a new tuple, None where the call is not one the fast
-   path takes (a bad call included: the checked path says), NULL on an error (a signature
-   function's Unfit among them, which the caller treats as a miss). */
-static PyObject *declared_find(Finder *f, PyObject *args, PyObject *kwargs) {
-    PyObject *vals[MAX_PARAMS] = {NULL};
-    Py_ssize_t n = PyTuple_GET_SIZE(args);
-    if (n > f->n_positional) Py_RETURN_NONE;
-    for (Py_ssize_t i = 0; i < n; i++) vals[i] = PyTuple_GET_ITEM(args, i);
-    if (kwargs && PyDict_GET_SIZE(kwargs)) {
-        Py_ssize_t pos = 0;
-        PyObject *name, *value;
-        while (PyDict_Next(kwargs, &pos, &name, &value)) {
-            Py_ssize_t j = param_index(f, name);
-            if (j < 0 || vals[j]) Py_RETURN_NONE;
-            vals[j] = value;
+/* A declared call's key (a new tuple, in *keyp) and its array inputs (n_arrays new
+   references, in inputs): 1; 0 where the call is not one the fast path takes (a bad call
+   included: the checked path says); -1 on an error (a signature function's Unfit among
+   them, which the caller treats as a miss). Every value is held while the signature
+   functions run: they may run Python (a torch function mode), which may drop a kwargs
+   dict's values. */
+static int declared_find(Finder *f, const CallArgs *c, PyObject **keyp, PyObject **inputs) {
+    PyObject *vals[MAX_PARAMS] = {NULL}, *key = NULL;
+    Py_ssize_t n = c->n, k = 0, a = 0;
+    int rc = 0;
+    if (n > f->n_positional) return 0;
+    for (Py_ssize_t i = 0; i < n; i++) vals[i] = Py_NewRef(c->args[i]);
+    if (c->kwnames) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(c->kwnames); i++) {
+            Py_ssize_t j = param_index(f, PyTuple_GET_ITEM(c->kwnames, i));
+            if (j < 0 || vals[j]) goto done;
+            vals[j] = Py_NewRef(c->args[n + i]);
         }
     }
-    PyObject *key = PyTuple_New(f->n_key), *inputs = PyTuple_New(f->n_arrays);
-    if (!key || !inputs) goto fail;
-    Py_ssize_t k = 0, a = 0;
-    for (Py_ssize_t j = 0; j < f->n_params; j++) {
-        PyObject *v = vals[j], *dflt = PyTuple_GET_ITEM(f->defaults, j);
-        if (!v) {
-            if (dflt == f->required) goto miss;
-            v = dflt;
+    if (c->kwargs && PyDict_GET_SIZE(c->kwargs)) {
+        Py_ssize_t pos = 0;
+        PyObject *name, *value;
+        while (PyDict_Next(c->kwargs, &pos, &name, &value)) {
+            Py_ssize_t j = param_index(f, name);
+            if (j < 0 || vals[j]) goto done;
+            vals[j] = Py_NewRef(value);
         }
+    }
+    for (Py_ssize_t j = 0; j < f->n_params; j++) {
+        if (vals[j]) continue;
+        PyObject *dflt = PyTuple_GET_ITEM(f->defaults, j);
+        if (dflt == f->required) goto done;
+        vals[j] = Py_NewRef(dflt);
+    }
+    key = PyTuple_New(f->n_key);
+    if (!key) goto fail;
+    for (Py_ssize_t j = 0; j < f->n_params; j++) {
+        PyObject *v = vals[j];
         if (f->kinds[j] == P_ARRAY) {
             PyObject *s = f->torch ? torch_sig(NULL, v) : cupy_sig(NULL, v);
             if (!s) goto fail;
             PyTuple_SET_ITEM(key, k++, s);
-            PyTuple_SET_ITEM(inputs, a++, Py_NewRef(v));
+            inputs[a++] = Py_NewRef(v);
         } else if (f->kinds[j] == P_OPTION) {
             PyObject *admitted = PyTuple_GET_ITEM(f->types, j);
             Py_ssize_t t = 0, nt = PyTuple_GET_SIZE(admitted);
             while (t < nt && (PyObject *)Py_TYPE(v) != PyTuple_GET_ITEM(admitted, t)) t++;
-            if (t == nt) goto miss;
+            if (t == nt) goto done;
             /* a tuple option (attention's window) holds ints and Nones, each by its exact
                type: (3.0, None) or (True, 0) equals a remembered (3, None) or (1, 0) as a key,
                but is the checked path's to refuse */
             if (PyTuple_CheckExact(v))
                 for (Py_ssize_t e = 0; e < PyTuple_GET_SIZE(v); e++) {
                     PyObject *x = PyTuple_GET_ITEM(v, e);
-                    if (x != Py_None && !PyLong_CheckExact(x)) goto miss;
+                    if (x != Py_None && !PyLong_CheckExact(x)) goto done;
                 }
             PyTuple_SET_ITEM(key, k++, Py_NewRef(v));
-        } else if (v != dflt) {
-            goto miss;
+        } else if (v != PyTuple_GET_ITEM(f->defaults, j)) {
+            goto done;
         }
     }
-    PyObject *found = PyTuple_Pack(2, key, inputs);
-    Py_DECREF(key);
-    Py_DECREF(inputs);
-    return found;
-miss:
-    Py_DECREF(key);
-    Py_DECREF(inputs);
-    Py_RETURN_NONE;
+    *keyp = key;
+    key = NULL;
+    rc = 1;
+    goto done;
 fail:
+    rc = -1;
+done:
+    if (rc != 1)
+        while (a > 0) Py_DECREF(inputs[--a]);
     Py_XDECREF(key);
-    Py_XDECREF(inputs);
-    return NULL;
+    for (Py_ssize_t j = 0; j < f->n_params; j++) Py_XDECREF(vals[j]);
+    return rc;
+}
+
+/* spec(sig, *args, **kwargs): an undeclared spec's (key, inputs), None, or NULL. */
+static PyObject *call_spec(Finder *f, const CallArgs *c) {
+    PyObject *sig = f->torch ? torch_sig_fn : cupy_sig_fn, *found;
+    if (c->kwargs) { /* the (args, kwargs) entry */
+        PyObject *full = PyTuple_New(c->n + 1);
+        if (!full) return NULL;
+        PyTuple_SET_ITEM(full, 0, Py_NewRef(sig));
+        for (Py_ssize_t i = 0; i < c->n; i++) PyTuple_SET_ITEM(full, i + 1, Py_NewRef(c->args[i]));
+        found = PyObject_Call(f->spec, full, PyDict_GET_SIZE(c->kwargs) ? c->kwargs : NULL);
+        Py_DECREF(full);
+        return found;
+    }
+    Py_ssize_t nk = c->kwnames ? PyTuple_GET_SIZE(c->kwnames) : 0, total = 1 + c->n + nk;
+    PyObject *small[16], **stack = total <= 16 ? small : PyMem_Malloc(total * sizeof(PyObject *));
+    if (!stack) return PyErr_NoMemory();
+    stack[0] = sig;
+    for (Py_ssize_t i = 0; i < c->n + nk; i++) stack[i + 1] = c->args[i];
+    found = PyObject_Vectorcall(f->spec, stack, 1 + c->n, c->kwnames);
+    if (stack != small) PyMem_Free(stack);
+    return found;
+}
+
+/* Run FastCall ``fast`` on the call's inputs. A FastCall that is an initialised Replay
+   (_fast.FastCall derives from Replay) runs here, on the inputs as they are: no attribute
+   looked up, no tuple made, no method called; a torch one only once its first torch call
+   (the Python FastCall.torch) has set its torch side. Anything else (a FastCall with no C
+   replay, one before that first call) has its method (FastCall.cupy / .torch) called with
+   a tuple of the inputs (``given``, or one made). */
+static PyObject *call_fast(Finder *f, PyObject *fast, PyObject *const *inputs, Py_ssize_t n, PyObject *given) {
+    if (PyObject_TypeCheck(fast, &ReplayType)) {
+        Replay *r = (Replay *)fast; /* (held by the caller) */
+        if (r->ready && (!f->torch || r->torch_make)) {
+            if (n == r->n_inputs) return f->torch ? replay_torch(r, inputs) : replay_cupy(r, inputs);
+            PyErr_SetString(PyExc_TypeError, "the spec's inputs: one per input of the FastCall");
+            return NULL;
+        }
+    }
+    PyObject *t = given ? Py_NewRef(given) : PyTuple_New(n), *out;
+    if (!t) return NULL;
+    if (!given)
+        for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(t, i, Py_NewRef(inputs[i]));
+    out = PyObject_CallMethodOneArg(fast, f->torch ? s_torch : s_cupy, t);
+    Py_DECREF(t);
+    return out;
 }
 
 /* The remembered call's result, or None (not remembered; any error of the spec, an
    unhashable option: the checked path will say). */
-static PyObject *Finder_run(Finder *f, PyObject *args, PyObject *kwargs) {
-    if (!PyDict_Check(f->table) || PyDict_GET_SIZE(f->table) == 0) Py_RETURN_NONE;
-    PyObject *found, *key = NULL, *fast = NULL, *out = NULL;
+static PyObject *Finder_run(Finder *f, const CallArgs *c) {
+    if (!f->table || !PyDict_Check(f->table) || PyDict_GET_SIZE(f->table) == 0) Py_RETURN_NONE;
+    PyObject *found = NULL, *key = NULL, *fast, *given = NULL, *out, *inputs[MAX_PARAMS];
+    Py_ssize_t n_inputs = 0;
     if (f->names) {
-        found = declared_find(f, args, kwargs);
+        int rc = declared_find(f, c, &key, inputs);
+        if (rc <= 0) goto miss;
+        n_inputs = f->n_arrays;
     } else {
-        Py_ssize_t n = PyTuple_GET_SIZE(args);
-        PyObject *full = PyTuple_New(n + 1);
-        if (!full) return NULL;
-        PyObject *sig = f->torch ? torch_sig_fn : cupy_sig_fn;
-        PyTuple_SET_ITEM(full, 0, Py_NewRef(sig));
-        for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(full, i + 1, Py_NewRef(PyTuple_GET_ITEM(args, i)));
-        found = PyObject_Call(f->spec, full, kwargs && PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
-        Py_DECREF(full);
-    }
-    if (!found) goto miss;
-    if (found == Py_None || !PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 2) {
-        Py_DECREF(found);
-        Py_RETURN_NONE;
-    }
-    if (f->torch) {
+        found = call_spec(f, c);
+        if (!found) goto miss;
+        if (found == Py_None || !PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 2) {
+            Py_DECREF(found);
+            Py_RETURN_NONE;
+        }
         key = Py_NewRef(PyTuple_GET_ITEM(found, 0));
-    } else {
-        PyObject *dev = get_device_fn ? PyObject_CallNoArgs(get_device_fn) : NULL;
+    }
+    if (!f->torch) {
+        long d;
+        PyObject *dev = current_device(get_device_fn, &d) ? NULL : PyLong_FromLong(d); /* (none: a miss) */
         if (!dev) goto miss;
-        key = PyTuple_Pack(2, PyTuple_GET_ITEM(found, 0), dev);
+        Py_SETREF(key, PyTuple_Pack(2, key, dev));
         Py_DECREF(dev);
         if (!key) goto miss;
     }
     fast = PyDict_GetItemWithError(f->table, key); /* borrowed: held across the call below */
     if (!fast) goto miss;
     Py_INCREF(fast);
-    out = PyObject_CallMethodOneArg(fast, f->torch ? s_torch : s_cupy, PyTuple_GET_ITEM(found, 1));
+    if (found) {
+        given = PySequence_Tuple(PyTuple_GET_ITEM(found, 1));
+        out = given ? call_fast(f, fast, &PyTuple_GET_ITEM(given, 0), PyTuple_GET_SIZE(given), given) : NULL;
+    } else {
+        out = call_fast(f, fast, inputs, n_inputs, NULL);
+    }
     Py_DECREF(fast);
-    Py_DECREF(key);
-    Py_DECREF(found);
-    return out; /* a launch's error is the caller's to see */
+    goto done; /* a launch's error is the caller's to see */
 miss:
-    Py_XDECREF(key);
-    Py_XDECREF(found);
+    out = NULL;
     if (PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL; /* KeyboardInterrupt and such */
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done; /* KeyboardInterrupt and such */
         PyErr_Clear();
     }
-    Py_RETURN_NONE;
+    out = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(given);
+    Py_XDECREF(key);
+    Py_XDECREF(found);
+    while (n_inputs > 0) Py_DECREF(inputs[--n_inputs]);
+    return out;
+}
+
+/* The (args, kwargs) entry's CallArgs: false (a TypeError set) where they are not a tuple
+   and a dict (or None). */
+static int tuple_call_args(PyObject *callargs, CallArgs *c) {
+    PyObject *args, *kwargs;
+    if (!PyArg_ParseTuple(callargs, "O!O", &PyTuple_Type, &args, &kwargs)) return 0;
+    c->args = &PyTuple_GET_ITEM(args, 0);
+    c->n = PyTuple_GET_SIZE(args);
+    c->kwnames = NULL;
+    c->kwargs = PyDict_Check(kwargs) ? kwargs : NULL;
+    return 1;
 }
 
 /* Finder(args, kwargs): Finder_run. */
 static PyObject *Finder_call(Finder *f, PyObject *callargs, PyObject *callkw) {
-    PyObject *args, *kwargs;
-    if (!PyArg_ParseTuple(callargs, "O!O", &PyTuple_Type, &args, &kwargs)) return NULL;
-    return Finder_run(f, args, PyDict_Check(kwargs) ? kwargs : NULL);
+    CallArgs c;
+    return tuple_call_args(callargs, &c) ? Finder_run(f, &c) : NULL;
 }
 
 /* Finder(spec, table, torch, declared=None); declared: (names, positional count, defaults,
-   kinds as bytes, admitted types, the required sentinel), from _fast.Declared. */
+   kinds as bytes, admitted types, the required sentinel), from _fast.Declared. Once: a
+   call reads the description across Python calls. */
 static int Finder_init(Finder *f, PyObject *args, PyObject *kw) {
     static char *names[] = {"spec", "table", "torch", "declared", NULL};
     PyObject *spec, *table, *declared = Py_None;
     int torch;
+    if (f->table) {
+        PyErr_SetString(PyExc_RuntimeError, "a Finder is initialised once");
+        return -1;
+    }
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!p|O", names, &spec, &PyDict_Type, &table, &torch, &declared))
         return -1;
     PyObject *pnames = NULL, *defaults = NULL, *kinds = NULL, *types = NULL, *required = NULL;
@@ -829,30 +1012,38 @@ static PyTypeObject FinderType = {
 
 /* Dispatch(cupy_finder, torch_finder)(args, kwargs): FastCalls.run in C: the finder of the
    first argument's kind (a CuPy array, a torch tensor), None for any other. What an
-   operator's Python wrapper calls first, so that a remembered call costs it one call. */
+   operator (Operator below, or its Python wrapper) calls first. */
 typedef struct {
     PyObject_HEAD
     Finder *cupy, *torch;
 } Dispatch;
 
-static PyObject *Dispatch_call(Dispatch *d, PyObject *callargs, PyObject *callkw) {
-    PyObject *args, *kwargs;
-    if (!PyArg_ParseTuple(callargs, "O!O", &PyTuple_Type, &args, &kwargs)) return NULL;
-    if (PyTuple_GET_SIZE(args) == 0) Py_RETURN_NONE;
-    PyObject *type = (PyObject *)Py_TYPE(PyTuple_GET_ITEM(args, 0));
-    if (cupy_type && type == cupy_type) return Finder_run(d->cupy, args, PyDict_Check(kwargs) ? kwargs : NULL);
-    int is = torch_types ? PySet_Contains(torch_types, type) : 0;
+static PyObject *dispatch_run(Dispatch *d, const CallArgs *c) {
+    if (c->n == 0 || !d->cupy) Py_RETURN_NONE;
+    PyObject *type = (PyObject *)Py_TYPE(c->args[0]);
+    if (cupy_type && type == cupy_type) return Finder_run(d->cupy, c);
+    int is = is_torch_type(type);
     if (is < 0) return NULL;
-    if (is) return Finder_run(d->torch, args, PyDict_Check(kwargs) ? kwargs : NULL);
+    if (is) return Finder_run(d->torch, c);
     Py_RETURN_NONE;
 }
 
+static PyObject *Dispatch_call(Dispatch *d, PyObject *callargs, PyObject *callkw) {
+    CallArgs c;
+    return tuple_call_args(callargs, &c) ? dispatch_run(d, &c) : NULL;
+}
+
+/* Dispatch(cupy_finder, torch_finder), once: a call holds no reference to its finder. */
 static int Dispatch_init(Dispatch *d, PyObject *args, PyObject *kw) {
     static char *names[] = {"cupy_finder", "torch_finder", NULL};
     Finder *c, *t;
+    if (d->cupy) {
+        PyErr_SetString(PyExc_RuntimeError, "a Dispatch is initialised once");
+        return -1;
+    }
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!", names, &FinderType, &c, &FinderType, &t)) return -1;
-    Py_XSETREF(d->cupy, (Finder *)Py_NewRef(c));
-    Py_XSETREF(d->torch, (Finder *)Py_NewRef(t));
+    d->torch = (Finder *)Py_NewRef(t);
+    d->cupy = (Finder *)Py_NewRef(c);
     return 0;
 }
 
@@ -887,21 +1078,190 @@ static PyTypeObject DispatchType = {
     .tp_call = (ternaryfunc)Dispatch_call,
 };
 
-/* bind(cupy_type=, torch_types=, unfit=, get_device=, is_capturing=): what the signature
-   functions, Finders and Replays use (set as the libraries load; is_capturing is
-   cuStreamIsCapturing's address); returns the previous values, as a dict. */
+/* ------------------------------------------------------------------ the operator itself
+   Operator(dispatch, checked): a public operator with a fast path (_interop.foreign_arrays),
+   called as the function it stands for. A call takes its arguments as the caller passes
+   them (vectorcall: no tuple or dict is made of them), tries the remembered call of its
+   first argument's kind (dispatch) on them, and otherwise hands them on, as they came, to
+   ``checked`` (the wrapper's checked path, a Python function). What a Python wrapper
+   cost per call (its frame, the argument tuple and dict, Dispatch's call) is gone.
+   functools.update_wrapper gives it the function's name, qualified name, module, doc and
+   __wrapped__ (in its __dict__), so that inspect.signature and help() show the
+   function's; it binds as a function does in a class body, and pickles by name. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    Dispatch *dispatch;
+    PyObject *checked, *dict, *weakrefs;
+} Operator;
+
+static PyObject *Operator_vectorcall(Operator *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (!op->checked) {
+        PyErr_SetString(PyExc_TypeError, "an Operator before its __init__");
+        return NULL;
+    }
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n > 0) {
+        CallArgs c = {args, n, kwnames && PyTuple_GET_SIZE(kwnames) ? kwnames : NULL, NULL};
+        PyObject *r = dispatch_run(op->dispatch, &c);
+        if (r != Py_None) return r; /* the result, or an error (an interrupt, a failed launch) */
+        Py_DECREF(r);
+    }
+    return PyObject_Vectorcall(op->checked, args, nargsf, kwnames);
+}
+
+/* Operator(dispatch, checked), once: a call holds no reference to either. */
+static int Operator_init(Operator *op, PyObject *args, PyObject *kw) {
+    static char *names[] = {"dispatch", "checked", NULL};
+    PyObject *d, *checked;
+    if (op->checked) {
+        PyErr_SetString(PyExc_RuntimeError, "an Operator is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O", names, &DispatchType, &d, &checked)) return -1;
+    if (!PyCallable_Check(checked)) {
+        PyErr_SetString(PyExc_TypeError, "checked: a callable");
+        return -1;
+    }
+    op->dispatch = (Dispatch *)Py_NewRef(d);
+    op->checked = Py_NewRef(checked);
+    op->vectorcall = (vectorcallfunc)Operator_vectorcall;
+    return 0;
+}
+
+static PyObject *Operator_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    Operator *op = (Operator *)type->tp_alloc(type, 0);
+    if (op) op->vectorcall = (vectorcallfunc)Operator_vectorcall;
+    return (PyObject *)op;
+}
+
+/* As a function in a class body: the operator itself from the class, bound to an instance. */
+static PyObject *Operator_get(PyObject *op, PyObject *obj, PyObject *type) {
+    if (!obj || obj == Py_None) return Py_NewRef(op);
+    return PyMethod_New(op, obj);
+}
+
+static PyObject *Operator_repr(PyObject *op) {
+    PyObject *name = PyObject_GetAttrString(op, "__qualname__");
+    if (!name) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+        PyErr_Clear();
+        return PyUnicode_FromFormat("<cupyops._cfast.Operator object at %p>", op);
+    }
+    PyObject *r = PyUnicode_FromFormat("<function %S at %p>", name, op);
+    Py_DECREF(name);
+    return r;
+}
+
+/* Pickled (and copied) as a function is: by its module and qualified name. */
+static PyObject *Operator_reduce(PyObject *op, PyObject *unused) {
+    return PyObject_GetAttrString(op, "__qualname__");
+}
+
+static int Operator_traverse(Operator *op, visitproc visit, void *arg) {
+    Py_VISIT(op->dispatch);
+    Py_VISIT(op->checked);
+    Py_VISIT(op->dict);
+    return 0;
+}
+
+static int Operator_clear(Operator *op) {
+    Py_CLEAR(op->dispatch);
+    Py_CLEAR(op->checked);
+    Py_CLEAR(op->dict);
+    return 0;
+}
+
+static void Operator_dealloc(Operator *op) {
+    PyObject_GC_UnTrack(op);
+    if (op->weakrefs) PyObject_ClearWeakRefs((PyObject *)op);
+    Operator_clear(op);
+    Py_TYPE(op)->tp_free((PyObject *)op);
+}
+
+static PyMethodDef Operator_methods[] = {
+    {"__reduce__", Operator_reduce, METH_NOARGS, "Pickled by name, as a function."},
+    {NULL},
+};
+
+static PyMemberDef Operator_members[] = {
+    {"dispatch", T_OBJECT, offsetof(Operator, dispatch), READONLY, "The remembered calls' Dispatch."},
+    {"checked", T_OBJECT, offsetof(Operator, checked), READONLY, "What a call not remembered runs."},
+    {NULL},
+};
+
+static PyGetSetDef Operator_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL},
+};
+
+static PyTypeObject OperatorType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cupyops._cfast.Operator",
+    .tp_basicsize = sizeof(Operator),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Operator(dispatch, checked): a public operator with a fast path (see cupyops/_cfast.c).",
+    .tp_new = Operator_new,
+    .tp_init = (initproc)Operator_init,
+    .tp_dealloc = (destructor)Operator_dealloc,
+    .tp_traverse = (traverseproc)Operator_traverse,
+    .tp_clear = (inquiry)Operator_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Operator, vectorcall),
+    .tp_dictoffset = offsetof(Operator, dict),
+    .tp_weaklistoffset = offsetof(Operator, weakrefs),
+    .tp_descr_get = Operator_get,
+    .tp_repr = Operator_repr,
+    .tp_methods = Operator_methods,
+    .tp_members = Operator_members,
+    .tp_getset = Operator_getset,
+};
+
+/* torch_types' members into torch_type_list, where a frozenset of few (a set could change
+   after: it is asked each time). */
+static int list_torch_types(void) {
+    n_torch_types = -1;
+    if (!torch_types || !PyFrozenSet_Check(torch_types) || PySet_GET_SIZE(torch_types) > MAX_TORCH_TYPES) return 0;
+    PyObject *it = PyObject_GetIter(torch_types), *t;
+    if (!it) return -1;
+    Py_ssize_t n = 0;
+    while ((t = PyIter_Next(it))) {
+        torch_type_list[n++] = t; /* (held by the frozenset) */
+        Py_DECREF(t);
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) return -1;
+    n_torch_types = n;
+    return 0;
+}
+
+/* An address argument of bind (None: unbound), as a C pointer: 0, or -1 on error. */
+static int address_of(PyObject *o, uintptr_t *out) {
+    uint64_t v = 0;
+    if (o != Py_None && u64(o, &v)) return -1;
+    *out = (uintptr_t)v;
+    return 0;
+}
+
+/* bind(cupy_type=, torch_types=, unfit=, get_device=, is_capturing=, ctx_get_device=):
+   what the signature functions, Finders and Replays use (set as the libraries load;
+   is_capturing and ctx_get_device are cuStreamIsCapturing's and cuCtxGetDevice's
+   addresses); returns the previous values, as a dict. */
 static PyObject *bind(PyObject *m, PyObject *args, PyObject *kw) {
-    static char *names[] = {"cupy_type", "torch_types", "unfit", "get_device", "is_capturing", NULL};
-    PyObject *vals[5] = {NULL, NULL, NULL, NULL, NULL};
+    static char *names[] = {"cupy_type", "torch_types", "unfit", "get_device", "is_capturing", "ctx_get_device",
+                            NULL};
+    PyObject *vals[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
     PyObject **slots[4] = {&cupy_type, &torch_types, &unfit, &get_device_fn};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOOOO", names, &vals[0], &vals[1], &vals[2], &vals[3], &vals[4]))
+    void **addresses[2] = {(void **)&is_capturing_fn, (void **)&ctx_get_device_fn};
+    uintptr_t new_address[2] = {0, 0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOOOOO", names, &vals[0], &vals[1], &vals[2], &vals[3], &vals[4],
+                                     &vals[5]))
         return NULL;
     if (vals[1] && vals[1] != Py_None && !PyAnySet_Check(vals[1])) {
         PyErr_SetString(PyExc_TypeError, "torch_types: a set of types");
         return NULL;
     }
-    uint64_t capture_address = 0;
-    if (vals[4] && vals[4] != Py_None && u64(vals[4], &capture_address)) return NULL;
+    for (int i = 0; i < 2; i++)
+        if (vals[4 + i] && address_of(vals[4 + i], &new_address[i])) return NULL;
     PyObject *old = PyDict_New();
     if (!old) return NULL;
     for (int i = 0; i < 4; i++) {
@@ -910,24 +1270,42 @@ static PyObject *bind(PyObject *m, PyObject *args, PyObject *kw) {
             return NULL;
         }
     }
-    PyObject *was = is_capturing_fn ? PyLong_FromUnsignedLongLong((uintptr_t)is_capturing_fn) : Py_NewRef(Py_None);
-    if (!was || PyDict_SetItemString(old, names[4], was)) {
-        Py_XDECREF(was);
+    for (int i = 0; i < 2; i++) {
+        void *a = *addresses[i];
+        PyObject *was = a ? PyLong_FromUnsignedLongLong((uintptr_t)a) : Py_NewRef(Py_None);
+        if (!was || PyDict_SetItemString(old, names[4 + i], was)) {
+            Py_XDECREF(was);
+            Py_DECREF(old);
+            return NULL;
+        }
+        Py_DECREF(was);
+    }
+    for (int i = 0; i < 4; i++) {
+        if (!vals[i]) continue;
+        if (i == 1) n_torch_types = -1; /* (the list refers into the set being replaced) */
+        Py_XSETREF(*slots[i], vals[i] == Py_None ? NULL : Py_NewRef(vals[i]));
+    }
+    for (int i = 0; i < 2; i++)
+        if (vals[4 + i]) *addresses[i] = (void *)new_address[i];
+    if (vals[1] && list_torch_types()) {
         Py_DECREF(old);
         return NULL;
     }
-    Py_DECREF(was);
-    for (int i = 0; i < 4; i++) {
-        if (!vals[i]) continue;
-        Py_XSETREF(*slots[i], vals[i] == Py_None ? NULL : Py_NewRef(vals[i]));
-    }
-    if (vals[4]) is_capturing_fn = (is_capturing_t)(uintptr_t)capture_address;
     return old;
+}
+
+/* ctx_device(): the current device as the C calls see it without Python (cuCtxGetDevice),
+   or None where it is not bound or no context is current (they ask get_device then). */
+static PyObject *ctx_device(PyObject *m, PyObject *unused) {
+    int d;
+    if (ctx_get_device_fn && ctx_get_device_fn(&d) == 0) return PyLong_FromLong(d);
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef module_methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_VARARGS | METH_KEYWORDS,
      "What the signature functions and Finders use; returns the previous values."},
+    {"ctx_device", ctx_device, METH_NOARGS, "The current device by cuCtxGetDevice (None: unbound, no context)."},
     {NULL},
 };
 
@@ -936,7 +1314,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cupyops._cfast",
                                     module_methods};
 
 PyMODINIT_FUNC PyInit__cfast(void) {
-    if (PyType_Ready(&ReplayType) < 0 || PyType_Ready(&FinderType) < 0 || PyType_Ready(&DispatchType) < 0) return NULL;
+    if (PyType_Ready(&ReplayType) < 0 || PyType_Ready(&FinderType) < 0 || PyType_Ready(&DispatchType) < 0 ||
+        PyType_Ready(&OperatorType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     s_data = PyUnicode_InternFromString("data");
@@ -962,6 +1342,7 @@ PyMODINIT_FUNC PyInit__cfast(void) {
         PyModule_AddObjectRef(m, "Replay", (PyObject *)&ReplayType) < 0 ||
         PyModule_AddObjectRef(m, "Finder", (PyObject *)&FinderType) < 0 ||
         PyModule_AddObjectRef(m, "Dispatch", (PyObject *)&DispatchType) < 0 ||
+        PyModule_AddObjectRef(m, "Operator", (PyObject *)&OperatorType) < 0 ||
         PyModule_AddObjectRef(m, "cupy_sig", cupy_sig_fn) < 0 ||
         PyModule_AddObjectRef(m, "torch_sig", torch_sig_fn) < 0 ||
         PyModule_AddObjectRef(m, "LaunchError", launch_error) < 0) {

@@ -83,8 +83,11 @@ def cupy_loaded(cupy):
 
     _stream_capturing = capturing
     if _cfast is not None:
+        # (cuCtxGetDevice: the current device as getDevice gives it, with no Python call;
+        # _cfast.c's current_device says why the answers agree)
         _cfast.bind(cupy_type=CUPY_ARRAY, get_device=_get_device,
-                    is_capturing=_launch.libcuda_address("cuStreamIsCapturing"))
+                    is_capturing=_launch.libcuda_address("cuStreamIsCapturing"),
+                    ctx_get_device=_launch.libcuda_address("cuCtxGetDevice"))
 
 
 def torch_loaded(torch):
@@ -130,10 +133,12 @@ def cupy_sig(a):
 
 
 def torch_sig(a):
-    """What a key holds of a torch tensor argument: its strides count elements, and its
-    device is named (a FastCall launches on the device it was built for)."""
+    """What a key holds of a torch tensor argument: its shape, its strides (counting
+    elements), its dtype and its device (a FastCall launches on the device it was built
+    for), in one flat tuple whose length gives the rank: no torch.Size in it, which hashes
+    and compares slower in a key lookup than plain values (NOTES 91)."""
     if type(a) in TORCH_TENSORS:
-        return a.shape, a.stride(), a.dtype, a.get_device()
+        return (*a.shape, *a.stride(), a.dtype, a.get_device())
     if a is None:
         return None
     raise Unfit
@@ -314,11 +319,27 @@ def _free_refs():
     return _FREE_REFS
 
 
-class FastCall:
+_THREAD = threading.local()  # .context: this thread has a current CUDA context
+
+
+def _thread_has_context():
+    """Whether a launch from this thread has a context to go to (_launch.has_current_context,
+    asked until the answer is yes): a thread that has made no CUDA call yet has none, and
+    its calls are the checked path's, whose runtime calls make one current (the C replay
+    asks cuCtxGetDevice, which says the same)."""
+    if getattr(_THREAD, "context", False):
+        return True
+    _THREAD.context = ok = _launch.has_current_context()
+    return ok
+
+
+class FastCall(_cfast.Replay if _cfast is not None else object):
     """A checked call's launches, replayed on other arrays of the same layout (``build``).
 
-    Where cupyops._cfast was compiled, ``cupy`` and ``torch`` are its Replay's methods:
-    the same steps as the Python methods below, which document them and run without it."""
+    Where cupyops._cfast was compiled (and USE_C), a FastCall is its own C replay: a
+    ``_cfast.Replay``, initialised by ``_c_replay``, which the C Finder runs itself when a
+    key finds it (no attribute of the FastCall looked up); ``cupy`` and ``torch`` then hand
+    over to the same steps in C. The Python below documents them and runs without it."""
 
     def __init__(self, variants, output, work, device, n_inputs):
         # [inputs off 16 bytes, aligned] -> ((launch, pick, its address indices), ...)
@@ -333,13 +354,16 @@ class FastCall:
         self._kept_stream = None
         lock = threading.Lock()  # (around the kept blocks: two threads must not take one)
         self._acquire, self._release = lock.acquire, lock.release
-        self._replay = self._c_replay(n_inputs) if USE_C else None
-        if self._replay is not None:
-            self.cupy = self._replay.cupy
+        self._c = USE_C and self._c_replay(n_inputs)
+
+    @property
+    def _replay(self):
+        """This FastCall as its C replay (initialised), or None."""
+        return self if self._c else None
 
     def _c_replay(self, n_inputs):
-        """The C Replay of these launches, or None where a launch has no C driver address
-        (a stand-in driver without one)."""
+        """Initialise this FastCall's C replay of these launches: False where a launch has
+        no C driver address (a stand-in driver without one)."""
         lists = []
         for launches in self._variants:
             if launches is None:
@@ -348,12 +372,13 @@ class FastCall:
             pairs = []
             for launch, _, slots in launches:
                 if not launch.driver_address:
-                    return None
+                    return False
                 pairs.append((launch, slots))
             lists.append(pairs)
-        return _cfast.Replay(lists, n_inputs, self._shape, self._dtype, self._work, self._work_bytes,
-                             self._keep_output, self._keep_work, self.device, CUPY_ARRAY, _cupy_alloc,
-                             _cupy_stream, _get_device)
+        _cfast.Replay.__init__(self, lists, n_inputs, self._shape, self._dtype, self._work, self._work_bytes,
+                               self._keep_output, self._keep_work, self.device, CUPY_ARRAY, _cupy_alloc,
+                               _cupy_stream, _get_device)
+        return True
 
     def _launches(self, addrs):
         """The launches for these input addresses: the 16-byte variant where every one is
@@ -365,6 +390,10 @@ class FastCall:
 
     def cupy(self, arrays):
         """Run on CuPy arrays; the result as a CuPy array (None: the checked path's turn)."""
+        if self._c:
+            return _cfast.Replay.cupy(self, arrays)
+        if not _thread_has_context():
+            return None
         addrs = [0 if a is None else a.data.ptr for a in arrays]
         launches = self._launches(addrs)
         if launches is None:
@@ -409,13 +438,14 @@ class FastCall:
         stream, given back once the launches are queued (as torch's own temporaries). Where
         the C replay exists it runs every torch call, the first included: a Python launch
         here would write the parameter blocks it writes, without its lock."""
-        if self._replay is not None:
-            self._replay.set_torch(*self._torch_output_form(tensors), raw_stream, _torch_raw_alloc,
-                                   _torch_raw_delete)
-            self.torch = self._replay.torch
-            return self.torch(tensors)
+        if self._c:
+            if self._torch_like is None:  # (set first, then marked: the C keeps the first set)
+                like = self._torch_output_form(tensors)
+                self.set_torch(*like, raw_stream, _torch_raw_alloc, _torch_raw_delete)
+                self._torch_like = like
+            return _cfast.Replay.torch(self, tensors)
         dev = self.device
-        if _get_device() != dev:  # the kernels belong to the current device's context
+        if not _thread_has_context() or _get_device() != dev:  # (the kernels belong to the device's context)
             return None
         addrs = [0 if t is None else t.data_ptr() for t in tensors]
         launches = self._launches(addrs)
@@ -535,8 +565,10 @@ class Declared:
 class FastCalls:
     """One operator's remembered calls (see the module docstring): ``spec`` names a call's
     signature (a function, or a ``Declared``); ``cupy`` maps (key, device) and ``torch``
-    maps key to FastCalls. ``run(args, kwargs)`` is what the operator's wrapper calls
-    first: the remembered call's result for the first argument's kind, or None."""
+    maps key to FastCalls. ``run(args, kwargs)`` is what the operator's Python wrapper
+    calls first: the remembered call's result for the first argument's kind, or None (in C,
+    a ``_cfast.Dispatch``, which the operator as a ``_cfast.Operator`` calls with the
+    arguments as passed: _interop.foreign_arrays)."""
 
     def __init__(self, spec):
         self.spec = spec

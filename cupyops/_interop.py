@@ -76,18 +76,20 @@ def foreign_arrays(fp8_results=(), fast=None):
     """Decorator of a public operator (see the module docstring). ``fp8_results``: indices
     of the results that hold float8 e4m3 bits (handed to torch as float8_e4m3fn).
     ``fast``: the operator's ``_fast.FastCalls``, tried first on CuPy arrays and on CUDA
-    torch tensors, and filled by its checked path."""
+    torch tensors, and filled by its checked path.
+
+    Where the fast calls run in C (``_fast.USE_C``), an operator with ``fast`` is a
+    ``_cfast.Operator``: the C object tries the remembered call on the arguments as they
+    were passed (no Python frame, tuple or dict of them) and otherwise calls ``checked``
+    below with them; it carries the function's name, doc and ``__wrapped__``
+    (``functools.update_wrapper``), so that ``inspect.signature`` and ``help`` show the
+    operator's own. Otherwise it is the Python function ``op``."""
 
     def wrap(fn):
         plain = _PLAIN_TYPES
         run = fast.bind(fn).run if fast is not None else None
 
-        @functools.wraps(fn)
-        def op(*args, **kwargs):
-            if run is not None:  # (one call: in C where compiled, the first argument's kind included)
-                r = run(args, kwargs)
-                if r is not None:
-                    return r
+        def checked(*args, **kwargs):  # what follows the fast path, or stands for it
             for a in args:
                 if type(a) not in plain:
                     break
@@ -101,6 +103,18 @@ def foreign_arrays(fp8_results=(), fast=None):
             if any(kind_of(a) is not _PLAIN for a in (*args, *kwargs.values())):
                 return _call(fn, args, kwargs, fp8_results, fast)
             return fn(*args, **kwargs) if fast is None else fast.checked(fn, args, kwargs)
+
+        if run is None:
+            return functools.wraps(fn)(checked)
+        if _fast.USE_C and type(run) is _fast._cfast.Dispatch:
+            return functools.update_wrapper(_fast._cfast.Operator(run, checked), fn)
+
+        @functools.wraps(fn)
+        def op(*args, **kwargs):
+            r = run(args, kwargs)
+            if r is not None:
+                return r
+            return checked(*args, **kwargs)
 
         return op
 

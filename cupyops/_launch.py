@@ -331,6 +331,19 @@ class DirectLaunch:
                 len(self._addresses))
 
 
+def has_current_context():
+    """Whether this thread has a current CUDA context (cuCtxGetCurrent). A launch through
+    the driver needs one; a thread that has made no CUDA call yet has none, until a runtime
+    call (CuPy's, torch's) makes its device's primary context current. True where the
+    driver cannot be asked (the launch will say)."""
+    try:
+        get = _libcuda().cuCtxGetCurrent
+    except (OSError, AttributeError):
+        return True
+    ctx = ctypes.c_void_p()
+    return get(ctypes.byref(ctx)) != 0 or ctx.value is not None
+
+
 @functools.lru_cache(maxsize=None)
 def libcuda_address(name):
     """The C address of driver function ``name`` in the library CuPy uses (None where it

@@ -4,6 +4,11 @@ the driver: what a FastCall launches (addresses in kernel order, fixed scalars, 
 call, workspace carved per call), what build() refuses, and which calls a FastCalls finds
 (the exact layout, dtype and options of a checked call; nothing else)."""
 import ctypes
+import functools
+import os
+import subprocess
+import sys
+import threading
 import types
 
 import numpy as np
@@ -84,6 +89,7 @@ _C = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint64": ctypes.c_uint6
 
 
 _CAPTURING_C = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+_CTX_DEVICE_C = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))  # cuCtxGetDevice's
 _DIRECT = _launch.DirectLaunch  # (the fixture replaces it with one on its stand-in driver)
 # cuLaunchKernel's C signature, for the stand-in driver the C replay calls
 _LAUNCH_C = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *(ctypes.c_uint,) * 7, ctypes.c_void_p, ctypes.c_void_p,
@@ -156,13 +162,22 @@ def fake(monkeypatch, request):
         return 0
 
     c_capturing = _CAPTURING_C(is_capturing)
-    if use_c:  # the C signature functions and replays see the stand-ins too
+    ctx_error = [0]  # cuCtxGetDevice's answer (201, CUDA_ERROR_INVALID_CONTEXT: no context current)
+
+    def ctx_get_device(d):
+        d[0] = device[0]
+        return ctx_error[0]
+
+    c_ctx_device = _CTX_DEVICE_C(ctx_get_device)
+    if use_c:  # the C signature functions and replays see the stand-ins too (the current
+        # device from the driver stand-in, as _fast.cupy_loaded binds cuCtxGetDevice)
         old = _fast._cfast.bind(cupy_type=FakeArray, torch_types=frozenset({FakeTensor}), get_device=lambda: device[0],
-                                is_capturing=ctypes.cast(c_capturing, ctypes.c_void_p).value)
+                                is_capturing=ctypes.cast(c_capturing, ctypes.c_void_p).value,
+                                ctx_get_device=ctypes.cast(c_ctx_device, ctypes.c_void_p).value)
         request.addfinalizer(lambda: _fast._cfast.bind(**old))
     return types.SimpleNamespace(device=device, launched=launched, allocated=allocated, made=made, raw=raw,
                                  stream=stream, use_c=use_c, c_driver=c_driver, capture=capture,
-                                 c_capturing=c_capturing)
+                                 c_capturing=c_capturing, ctx_error=ctx_error, c_ctx_device=c_ctx_device)
 
 
 def test_row_fast_call_launches_in_kernel_order(fake):
@@ -431,7 +446,7 @@ def test_the_c_replay_and_finder_are_what_runs(fake):
     if fake.use_c:
         assert type(fast.run_cupy) is _fast._cfast.Finder and type(fast.run_torch) is _fast._cfast.Finder
         assert type(fast.run) is _fast._cfast.Dispatch
-        assert fc.cupy == fc._replay.cupy
+        assert isinstance(fc, _fast._cfast.Replay) and fc._replay is fc
     else:
         assert fc._replay is None and fast.run_cupy.__func__ is _fast.FastCalls.run_cupy
 
@@ -548,3 +563,238 @@ def test_apart_compares_byte_ranges(fake):
     assert not _fast.apart((inside,), (cache,))
     assert _fast.apart((after, None), (cache, None))
     assert not _fast.apart((after, inside), (cache,))
+
+
+# ------------------------------------------------------------------ the operator as a C callable
+def _operator(seen, declared=True):
+    """_checked_op's operator wrapped as foreign_arrays wraps a public one: a _cfast.Operator
+    where the fast calls run in C (the "c" runs), else the Python wrapper; ``seen`` gets the
+    checked path's arguments."""
+    fast = _fast.FastCalls(_declared() if declared else _spec)
+
+    def op(x, w=None, *, scale=1.0, flag=False, out=None):
+        """The stand-in operator's doc."""
+        seen.append((x, w, scale, flag, out))
+        y = FakeArray(x.shape, x.dtype)
+        launches = [(FakeFunction(), (1,), (32,), 0, (x, _fast.Work(0) if w is None else w, y, np.float32(scale)))]
+        fast.offer(lambda: _fast.build((launches, launches), (x, w), y, work=(64,)))
+        return y
+
+    from cupyops import _interop
+
+    return _interop.foreign_arrays(fast=fast)(op), op, fast
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["spec", "declared"])
+def test_an_operator_finds_its_calls_as_passed_and_hands_on_the_rest(fake, declared):
+    seen = []
+    wrapped, op, fast = _operator(seen, declared)
+    assert (type(wrapped) is _fast._cfast.Operator) == fake.use_c
+    x, w = FakeArray((4, 32), np.float32), FakeArray((32,), np.float32)
+    wrapped(x, w, scale=2.0)  # checked, and remembered
+    assert len(seen) == 1 and len(fast.cupy) == 1
+    hits = [lambda: wrapped(x, w, scale=2.0), lambda: wrapped(x, w=w, scale=2.0),
+            lambda: wrapped(x, scale=2.0, w=w), lambda: wrapped(*(x, w), **{"scale": 2.0}),
+            lambda: functools.partial(wrapped, scale=2.0)(x, w), lambda: wrapped(x, w, scale=2.0, flag=False, out=None)]
+    for i, call in enumerate(hits):
+        before = len(fake.launched)
+        y = call()
+        assert isinstance(y, FakeArray) and len(seen) == 1, i  # no checked run
+        assert len(fake.launched) == before + 1 and fake.launched[-1][1][:3] == [x.data.ptr, w.data.ptr, y.data.ptr], i
+    # a call not remembered reaches the checked path with its arguments as given
+    wrapped(x, w, scale=3.0)
+    assert seen[-1] == (x, w, 3.0, False, None)
+    wrapped(x=x, w=w, scale=2.0)  # (no positional argument: the checked path, as ever)
+    assert seen[-1] == (x, w, 2.0, False, None) and len(seen) == 3
+    # bad calls: the checked path's errors, word for word those of the function itself
+    for args, kwargs in [((x, w, 2.0), {}), ((x, w), {"bogus": 1}), ((), {}), ((x,), {"x": x}),
+                         ((x, w), {"scale": 2.0, "w": w})]:
+        with pytest.raises(TypeError) as direct:
+            op(*args, **kwargs)
+        with pytest.raises(TypeError) as through:
+            wrapped(*args, **kwargs)
+        assert str(through.value) == str(direct.value), (args, kwargs)
+    assert len(seen) == 3
+
+
+def test_an_operator_is_its_function_to_users_and_tools():
+    import copy
+    import inspect
+    import pickle
+    import pydoc
+    import weakref
+
+    import cupyops
+    from cupyops.ops import norm
+
+    ops = [cupyops.softmax, cupyops.rms_norm, cupyops.layer_norm, cupyops.sum, cupyops.max, cupyops.matmul,
+           cupyops.attention, cupyops.silu_and_mul, cupyops.attention_paged, cupyops.sample, norm._add_rms_norm]
+    for op in ops:
+        fn = op.__wrapped__
+        assert type(op) is (_fast._cfast.Operator if _fast.USE_C else types.FunctionType), op
+        for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+            assert getattr(op, attr) == getattr(fn, attr), (fn.__name__, attr)
+        assert inspect.signature(op) == inspect.signature(fn) and inspect.isroutine(op)
+        # help(): the function's page, but for its first line (pydoc names the type there)
+        assert pydoc.render_doc(op, renderer=pydoc.plaintext).split("\n", 1)[1] == \
+            pydoc.render_doc(fn, renderer=pydoc.plaintext).split("\n", 1)[1]
+        assert pickle.loads(pickle.dumps(op)) is op and copy.deepcopy(op) is op and weakref.ref(op)() is op
+        assert repr(op).startswith(f"<function {fn.__qualname__} at ")
+    assert str(inspect.signature(cupyops.softmax)) == "(x, axis=-1, out=None, *, impl='auto')"
+
+    class Model:  # in a class body an operator binds as a function does
+        norm = cupyops.rms_norm
+
+    assert Model.norm is cupyops.rms_norm
+    bound = Model().norm
+    assert bound.__func__ is cupyops.rms_norm and isinstance(bound.__self__, Model)
+
+
+def test_without_the_c_extension_operators_are_python_functions():
+    code = ("import inspect, types, cupyops; from cupyops import _fast; op = cupyops.softmax; "
+            "print(_fast.USE_C, type(op).__name__, inspect.signature(op), op.__wrapped__.__name__)")
+    for flag in ("0", "1"):
+        env = dict(os.environ, CUPYOPS_FAST_C=flag)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        c = flag == "1" and _fast._cfast is not None
+        assert out.split() == [str(c), "Operator" if c else "function", "(x,", "axis=-1,", "out=None,", "*,",
+                               "impl='auto')", "softmax"], out
+
+
+def test_a_torch_key_is_one_flat_tuple(fake):
+    # no torch.Size in a key (NOTES 91): shape, strides, dtype and device in one tuple, the
+    # same from the Python and the C signature function (the C Finder finds Python's keys)
+    t = FakeTensor((4, 32), "torch.float32", 0x1000)
+    s = FakeTensor((4, 32), "torch.float32", 0x1000, device=1, strides=(64, 2))
+    assert _fast.torch_sig(t) == (4, 32, 32, 1, "torch.float32", 0)
+    assert _fast.torch_sig(s) == (4, 32, 64, 2, "torch.float32", 1) and _fast.torch_sig(None) is None
+    if fake.use_c:
+        for a in (t, s, FakeTensor((), "torch.float32", 0x1000), None):
+            assert _fast._cfast.torch_sig(a) == _fast.torch_sig(a)
+        with pytest.raises(_fast.Unfit):
+            _fast._cfast.torch_sig(np.zeros(3))
+
+
+def test_a_finder_runs_a_replay_itself_and_calls_anything_else(fake):
+    # a FastCall that is its C replay is run by the C Finder itself: nothing looked up on
+    # it (its torch side once its first torch call, FastCall.torch, has set it); any other
+    # value has its method called with a tuple of the inputs, as the Python finder does
+    fast, op = _checked_op([], declared=True)
+    x = FakeArray((4, 32), np.float32)
+    t = FakeTensor((4, 32), np.dtype(np.float32), ptr=0xB000)
+    fast.checked(op, (FakeArray((4, 32), np.float32, ptr=0xB000),), {}, torch_args=((t,), {}))
+    (fc,) = fast.cupy.values()
+    assert fc._torch_like is None and isinstance(fast.run((t,), {}), FakeTensor)  # FastCall.torch's first call
+    assert fc._torch_like is not None
+    got = []
+
+    def spy(inputs):
+        got.append(inputs)
+        return "stand-in"
+
+    fc.cupy = fc.torch = spy  # instance attributes over the methods
+    ran = fast.run((x,), {}), fast.run((t,), {"scale": 1.0})
+    if fake.use_c:
+        assert isinstance(ran[0], FakeArray) and isinstance(ran[1], FakeTensor) and not got
+    else:
+        assert ran == ("stand-in", "stand-in") and got == [(x, None), (t, None)]
+    got.clear()
+    for table, kind in ((fast.cupy, "cupy"), (fast.torch, "torch")):
+        for key in table:
+            table[key] = types.SimpleNamespace(**{kind: spy})
+    assert fast.run((x,), {}) == "stand-in" and fast.run((t,), {}) == "stand-in"
+    assert got == [(x, None), (t, None)]
+
+
+def test_the_current_device_comes_from_the_driver(fake, monkeypatch):
+    # cuCtxGetDevice (bound as _fast.cupy_loaded binds it) answers for runtime.getDevice in
+    # the Finder's CuPy key and the Replay's torch check; where it has no answer (no context
+    # current: a thread that made no CUDA call, where a launch would fail) the call is the
+    # checked path's, even on the kernels' device; where it is not bound, getDevice is asked
+    if not fake.use_c:
+        pytest.skip("the C calls'")
+    asked = []
+
+    def get_device():
+        asked.append(1)
+        return fake.device[0]
+
+    _fast._cfast.bind(get_device=get_device)  # (the Finder's)
+    monkeypatch.setattr(_fast, "_get_device", get_device)  # (the Replays are built with it)
+    fast, op = _checked_op([], declared=True)
+    t = FakeTensor((4, 32), np.dtype(np.float32), ptr=0xB000)
+    x = FakeArray((4, 32), np.float32)
+    fast.checked(op, (FakeArray((4, 32), np.float32, ptr=0xB000),), {}, torch_args=((t,), {}))
+    asked.clear()
+    assert fast.run((t,), {}) is not None and fast.run((x,), {}) is not None
+    assert _fast._cfast.ctx_device() == 0 and not asked
+    fake.device[0] = 1  # another current device: the kernels are device 0's
+    assert fast.run((t,), {}) is None and fast.run((x,), {}) is None and not asked
+    fake.device[0] = 0
+    fake.ctx_error[0] = 201  # no context current: a miss, whatever getDevice would say
+    assert _fast._cfast.ctx_device() is None
+    assert fast.run((t,), {}) is None and fast.run((x,), {}) is None and not asked
+    fake.ctx_error[0] = 0
+    assert fast.run((t,), {}) is not None and fast.run((x,), {}) is not None and not asked
+    _fast._cfast.bind(ctx_get_device=None)  # unbound: getDevice says
+    assert fast.run((t,), {}) is not None and fast.run((x,), {}) is not None and len(asked) == 2
+    assert _fast._cfast.ctx_device() is None
+
+
+def test_a_thread_without_a_context_takes_the_checked_path(fake, monkeypatch):
+    # the Python steps ask, once a thread until the answer is yes, whether a CUDA context is
+    # current (a launch through the driver needs one; a fresh thread has none): until then
+    # a call is the checked path's (the C replay asks cuCtxGetDevice: the test above)
+    if fake.use_c:
+        pytest.skip("the Python steps'")
+    answer = [False]
+    monkeypatch.setattr(_fast._launch, "has_current_context", lambda: answer[0])
+    monkeypatch.setattr(_fast, "_THREAD", threading.local())
+    fast, op = _checked_op([], declared=True)
+    t = FakeTensor((4, 32), np.dtype(np.float32), ptr=0xB000)
+    x = FakeArray((4, 32), np.float32)
+    fast.checked(op, (FakeArray((4, 32), np.float32, ptr=0xB000),), {}, torch_args=((t,), {}))
+    assert fast.run((t,), {}) is None and fast.run((x,), {}) is None
+    answer[0] = True
+    assert fast.run((t,), {}) is not None and fast.run((x,), {}) is not None
+    answer[0] = False  # (remembered for the thread once yes)
+    assert fast.run((t,), {}) is not None and fast.run((x,), {}) is not None
+
+
+def test_the_context_query_asks_the_driver_each_time(monkeypatch):
+    # has_current_context answers for the calling thread at the moment (cuCtxGetCurrent):
+    # nothing of it may be remembered for the process (_fast remembers a yes per thread)
+    current = [None]
+
+    def get_current(ref):
+        ref._obj.value = current[0]
+        return 0
+
+    monkeypatch.setattr(_launch, "_libcuda", lambda: types.SimpleNamespace(cuCtxGetCurrent=get_current))
+    assert not _launch.has_current_context()
+    current[0] = 0x1000
+    assert _launch.has_current_context()
+    current[0] = None
+    assert not _launch.has_current_context()
+    monkeypatch.setattr(_launch, "_libcuda", lambda: types.SimpleNamespace())  # (no driver: the launch says)
+    assert _launch.has_current_context()
+
+
+def test_the_c_objects_are_initialised_once(fake):
+    if not fake.use_c:
+        pytest.skip("the C objects'")
+    fast = _fast.FastCalls(_declared())
+    c = _fast._cfast
+    with pytest.raises(RuntimeError, match="once"):
+        fast.run_cupy.__init__(_spec, {}, False)
+    with pytest.raises(RuntimeError, match="once"):
+        fast.run.__init__(fast.run_cupy, fast.run_torch)
+    operator_ = c.Operator(fast.run, print)
+    with pytest.raises(RuntimeError, match="once"):
+        operator_.__init__(fast.run, print)
+    with pytest.raises(TypeError, match="before its __init__"):
+        c.Operator.__new__(c.Operator)(1)
+    with pytest.raises(TypeError, match="callable"):
+        c.Operator(fast.run, None)
+    with pytest.raises(RuntimeError, match="not initialised"):  # (a FastCall without C replay)
+        c.Replay.cupy(c.Replay.__new__(c.Replay), ())

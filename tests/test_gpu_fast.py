@@ -346,3 +346,100 @@ def test_windows_are_remembered_each_and_bad_ones_still_refused():
         for bad in ((100.0, 0), (True, 0)):
             with pytest.raises(TypeError, match="^window: "):
                 call(bad)
+
+
+def test_torch_fast_path_takes_every_form_of_a_call(monkeypatch):
+    # the operator (a _cfast.Operator where the C extension runs) finds a remembered call
+    # however its arguments are passed: positionally, by keyword, through * and ** or a
+    # partial; each gives the checked call's bits, with no checked run
+    import functools
+
+    torch = pytest.importorskip("torch")
+    x = torch.from_dlpack(rand((8, 4096), "bfloat16", 40))
+    w = torch.from_dlpack(rand((4096,), "bfloat16", 41))
+    forms = {
+        "softmax": [lambda: cupyops.softmax(x), lambda: cupyops.softmax(x, -1), lambda: cupyops.softmax(x, axis=-1),
+                    lambda: cupyops.softmax(*(x,), **{"impl": "auto"}),
+                    lambda: functools.partial(cupyops.softmax, axis=-1)(x)],
+        "rms_norm": [lambda: cupyops.rms_norm(x, w), lambda: cupyops.rms_norm(x, weight=w),
+                     lambda: cupyops.rms_norm(x, w, 1e-6), lambda: cupyops.rms_norm(x, w, eps=1e-6, impl="auto")],
+        "sum": [lambda: cupyops.sum(x, -1), lambda: cupyops.sum(x, axis=-1),
+                lambda: cupyops.sum(x, -1, keepdims=False)],
+    }
+    for op, calls in forms.items():
+        with checked_only(op):
+            want = calls[0]()
+        for call in calls:  # checked (and remembered) or fast
+            same_bits(call(), want, f"{op} first calls")
+        with monkeypatch.context() as m:
+            _no_checked_calls(m)
+            for i, call in enumerate(calls):
+                same_bits(call(), want, f"{op} form {i}")
+
+
+def test_the_c_device_query_agrees_with_cupy_and_torch():
+    # the C calls take the current device from cuCtxGetDevice (_cfast.c current_device):
+    # the answer CuPy's getDevice and torch's current_device give, whichever made it current
+    torch = pytest.importorskip("torch")
+    from cupyops import _fast
+
+    if not _fast.USE_C:
+        pytest.skip("the C extension is not in use")
+    cp = _cp()
+    cupyops.softmax(torch.ones((2, 64), device="cuda"))  # (loads CuPy: binds cuCtxGetDevice)
+    c = _fast._cfast.ctx_device
+    assert c() == cp.cuda.runtime.getDevice() == torch.cuda.current_device()
+    for d in range(cp.cuda.runtime.getDeviceCount()):
+        with torch.cuda.device(d):
+            assert c() == cp.cuda.runtime.getDevice() == d
+        with cp.cuda.Device(d):
+            assert c() == torch.cuda.current_device() == d
+    assert c() == cp.cuda.runtime.getDevice() == torch.cuda.current_device()
+
+
+def test_a_remembered_torch_call_is_right_on_another_current_device():
+    # the FastCall's kernels belong to device 0's context: with device 1 current, a call
+    # on device 0's tensors takes the checked path and still gives device 0's result
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    x = torch.from_dlpack(rand((8, 4096), "bfloat16", 42))
+    with checked_only("softmax"):
+        want = cupyops.softmax(x)
+    for _ in range(2):
+        cupyops.softmax(x)
+    with torch.cuda.device(1):
+        got = [cupyops.softmax(x) for _ in range(2)]
+    torch.cuda.synchronize(0)
+    for g in got:
+        assert g.device == x.device
+        same_bits(g, want, "softmax with device 1 current")
+
+
+def test_a_remembered_call_from_a_fresh_thread():
+    # a thread that has made no CUDA call has no current context: cuCtxGetDevice has no
+    # answer there, and the call is the checked path's (a launch with no current context
+    # would fail with CUDA_ERROR_INVALID_CONTEXT); it must give the right result
+    import threading
+
+    torch = pytest.importorskip("torch")
+    x = torch.from_dlpack(rand((8, 4096), "bfloat16", 43))
+    with checked_only("softmax"):
+        want = cupyops.softmax(x)
+    for _ in range(2):
+        cupyops.softmax(x)
+    torch.cuda.synchronize()
+    got = []
+
+    def run():
+        try:
+            got.append(cupyops.softmax(x))
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            got.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert not isinstance(got[0], Exception), got[0]
+    same_bits(got[0], want, "softmax from a fresh thread")
