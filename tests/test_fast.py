@@ -650,12 +650,18 @@ def test_an_operator_is_its_function_to_users_and_tools():
     assert bound.__func__ is cupyops.rms_norm and isinstance(bound.__self__, Model)
 
 
-def test_without_the_c_extension_operators_are_python_functions():
+def test_without_the_c_extension_operators_are_python_functions(tmp_path):
+    import cupyops
+
     code = ("import inspect, types, cupyops; from cupyops import _fast; op = cupyops.softmax; "
             "print(_fast.USE_C, type(op).__name__, inspect.signature(op), op.__wrapped__.__name__)")
+    # (the package this process imported, with its built extension: run from elsewhere, a
+    # checkout's source tree in the working directory would shadow an installed package)
+    home = os.path.dirname(os.path.dirname(os.path.abspath(cupyops.__file__)))
     for flag in ("0", "1"):
-        env = dict(os.environ, CUPYOPS_FAST_C=flag)
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        env = dict(os.environ, CUPYOPS_FAST_C=flag, PYTHONPATH=home)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                             cwd=tmp_path).stdout
         c = flag == "1" and _fast._cfast is not None
         assert out.split() == [str(c), "Operator" if c else "function", "(x,", "axis=-1,", "out=None,", "*,",
                                "impl='auto')", "softmax"], out
