@@ -77,37 +77,15 @@ def time_gpu(fn, *, repeats=50, warmup=5, flush=None, budget_s=2.0, min_repeats=
     second per call, so repeats (and warm-up) shrink to fit ``budget_s`` per measurement,
     never below ``min_repeats``. Compilation must already have happened (the CLI validates
     every impl first, which runs it once)."""
-    import cupy
-
     est_ms = time_one(fn)
     if (warmup - 1) * est_ms < 250.0 * budget_s:  # warm-up may use a quarter of the budget
         for _ in range(warmup - 1):
             fn()
     n = max(min_repeats, min(repeats, int(budget_s * 1e3 / max(est_ms, 1e-3))))
-    starts = [cupy.cuda.Event() for _ in range(n)]
-    ends = [cupy.cuda.Event() for _ in range(n)]
-    _sync()
-    # Repeats are queued in batches behind a hold kernel (kernels/timing.cu) and released
-    # together: the GPU then runs flush, event, call, event back to back and never waits
-    # for the host inside an event pair, however long the call's Python side takes.
-    hold = _Hold() if held else None
-    for b in range(0, n, HOLD_BATCH):
-        if hold is not None:
-            hold.engage()
-        for s, e in zip(starts[b:b + HOLD_BATCH], ends[b:b + HOLD_BATCH]):
-            if flush is not None:
-                flush()
-            s.record()
-            fn()
-            e.record()
-        if hold is not None:
-            hold.release()
-    ends[-1].synchronize()
-    if hold is not None and hold.timed_out():  # the batch outlived the hold: time it plainly
-        return time_gpu(fn, repeats=repeats, warmup=0, flush=flush, budget_s=budget_s,
-                        min_repeats=min_repeats, held=False)
-    times = [cupy.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends)]
-    return Timing(statistics.median(times), min(times), n)
+    times = _event_times({None: fn}, n, flush, held)
+    if times is None:  # the batch outlived the hold: time it plainly
+        times = _event_times({None: fn}, n, flush, False)
+    return Timing(statistics.median(times[None]), min(times[None]), n)
 
 
 def time_gpu_interleaved(fns, *, repeats=30, warmup=3, flush=None, held=True):
@@ -120,19 +98,32 @@ def time_gpu_interleaved(fns, *, repeats=30, warmup=3, flush=None, held=True):
     inside an event pair; where a batch outlives the hold (a call that waits for the stream
     on the host, such as a synchronous copy on the legacy stream), they are timed again
     unheld, which is sound only for calls far longer than their host time. {name: Timing}."""
-    import cupy
-
     for fn in fns.values():
         for _ in range(warmup):
             fn()
-    events = {name: [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(repeats)] for name in fns}
+    times = _event_times(fns, repeats, flush, held)
+    if times is None:
+        times = _event_times(fns, repeats, flush, False)
+    return {name: Timing(statistics.median(t), min(t), repeats) for name, t in times.items()}
+
+
+def _event_times(fns, n, flush, held):
+    """{name: n event times (ms)} of the callables ``fns``, the i-th call of each before the
+    (i + 1)-th of any, each after ``flush`` (if any); None where ``held`` and a batch
+    outlived the hold. Calls are queued in batches behind a hold kernel (kernels/timing.cu)
+    and released together: the GPU then runs flush, event, call, event back to back and
+    never waits for the host inside an event pair, however long the call's Python side
+    takes."""
+    import cupy
+
+    events = {name: [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(n)] for name in fns}
     per_batch = max(1, HOLD_BATCH // len(fns))
     _sync()
     hold = _Hold() if held else None
-    for b in range(0, repeats, per_batch):
+    for b in range(0, n, per_batch):
         if hold is not None:
             hold.engage()
-        for i in range(b, min(b + per_batch, repeats)):
+        for i in range(b, min(b + per_batch, n)):
             for name, fn in fns.items():
                 if flush is not None:
                     flush()
@@ -144,12 +135,8 @@ def time_gpu_interleaved(fns, *, repeats=30, warmup=3, flush=None, held=True):
             hold.release()
     _sync()
     if hold is not None and hold.timed_out():
-        return time_gpu_interleaved(fns, repeats=repeats, warmup=0, flush=flush, held=False)
-    out = {}
-    for name, pairs in events.items():
-        times = [cupy.cuda.get_elapsed_time(s, e) for s, e in pairs]
-        out[name] = Timing(statistics.median(times), min(times), repeats)
-    return out
+        return None
+    return {name: [cupy.cuda.get_elapsed_time(s, e) for s, e in pairs] for name, pairs in events.items()}
 
 
 class _Hold:
