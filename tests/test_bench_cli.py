@@ -903,7 +903,6 @@ def test_sdpa_refusal_is_reported_in_one_line(monkeypatch):
 
     # in the run: a skipped row naming why, never a crash; a backend that runs is timed
     monkeypatch.setattr(runners, "check", lambda data, y: 1e-7)
-    monkeypatch.setattr(timing, "time_gpu", lambda fn, **kw: timing.Timing(2.0, 1.5, 3))
     args = cli.build_parser().parse_args([])
     row = lambda impl, status="ok", note=None, **kw: dict(impl=impl.name, status=status, note=note, **kw)  # noqa: E731
     data.tol = 1e-4
@@ -911,6 +910,8 @@ def test_sdpa_refusal_is_reported_in_one_line(monkeypatch):
     assert r["status"] == "skipped" and "\n" not in r["note"]
     assert r["note"].startswith("unavailable: RuntimeError: SDPA CUDNN_ATTENTION refused")
     r = cli.run_baseline(data, cases.Impl("torch-flash", "baseline"), args, None, torch, row)
+    assert isinstance(r, cli.Pending)  # checked; timed with the case's other impls
+    r = r.finish(timing.Timing(2.0, 1.5, 3))
     assert (r["status"], r["note"], r["ms"]) == ("ok", None, 2.0)
     r = cli.run_baseline(data, cases.Impl("torch-math", "baseline"), args, None, None, row)
     assert r["status"] == "skipped" and "PyTorch with CUDA is not available" in r["note"]
@@ -950,7 +951,9 @@ def test_run_case_rows_for_attention(monkeypatch):
     monkeypatch.setattr(runners, "cupyops_call", lambda data, impl: lambda out=None: None)
     monkeypatch.setattr(runners, "validate_cupyops", lambda data, call: (1e-6, None))
     monkeypatch.setattr(runners, "check", lambda data, y: 1e-7)
-    monkeypatch.setattr(timing, "time_gpu", lambda fn, **kw: timing.Timing(0.5, 0.4, 3))
+    side = []
+    monkeypatch.setattr(timing, "time_side_by_side",
+                        lambda fns, **kw: side.append(len(fns)) or {i: timing.Timing(0.5, 0.4, 3) for i in fns})
     args = cli.build_parser().parse_args(["--op", "attention"])
     impls = cases.impls_for(case, VARIANTS["attention"], skip_slow=True)
     rows = report.finalize(cli.run_case(case, impls, args, None, torch), copy_gbps=3000.0)
@@ -964,6 +967,7 @@ def test_run_case_rows_for_attention(monkeypatch):
     assert r["gbps"] == pytest.approx(cases.bytes_moved(case) / 0.5e-3 / 1e9)
     assert by["torch-cudnn"]["status"] == "skipped" and by["torch-flash"]["status"] == "ok"
     assert r["speedups"] == {"torch-flash": 1.0, "torch-efficient": 1.0, "torch-math": 1.0}
+    assert side == [len(by) - 1]  # every impl that passed its checks (not torch-cudnn), timed together
 
 
 # --- reporting attention
@@ -1377,7 +1381,7 @@ def test_run_case_rows_for_an_nt_matmul(monkeypatch):
     torch, seen = fake_matmul_gpu(monkeypatch)
     monkeypatch.setattr(runners, "validate_cupyops",
                         lambda data, call: (runners.check(data, call()), None))
-    monkeypatch.setattr(timing, "time_gpu", lambda fn, **kw: timing.Timing(0.5, 0.4, 3))
+    monkeypatch.setattr(timing, "time_side_by_side", lambda fns, **kw: {i: timing.Timing(0.5, 0.4, 3) for i in fns})
     case = cases.Case("matmul", "float32", (64, 32, 48), None, layout="nt")
     args = cli.build_parser().parse_args(["--op", "matmul", "--layout", "nt"])
     impls = cases.impls_for(case, ["naive", "mma"])
@@ -1495,3 +1499,60 @@ def test_host_time_side_by_side_interleaves_the_rounds(monkeypatch):
     assert sorted(out) == ["a", "b"] and all(v > 0 for v in out.values())
     # one warm-up call each, then rounds of 2 calls: a a b b, three times
     assert "".join(seen) == "ab" + "aabb" * 3
+
+
+def test_run_case_times_side_by_side_or_in_turn(monkeypatch):
+    """The impls of a case that passed their checks are timed together (time_side_by_side),
+    or each in turn under --sequential; where timing them together fails, each is timed
+    alone, and the one that fails is reported FAILED while the others keep their times."""
+    from cupyops.bench import runners, timing
+
+    torch, _ = fake_matmul_gpu(monkeypatch)
+    monkeypatch.setattr(runners, "validate_cupyops", lambda data, call: (1e-7, None))
+    case = cases.Case("matmul", "float32", (64, 32, 48), None, layout="nt")
+    impls = cases.impls_for(case, ["naive", "mma"])
+    calls = []
+
+    def in_turn(fn, **kw):
+        calls.append("alone")
+        if fn is broken[0]:
+            raise RuntimeError("out of memory")
+        return timing.Timing(0.25, 0.2, 5)
+
+    def together(fns, **kw):
+        calls.append(("together", len(fns)))
+        broken[0] = list(fns.values())[1]  # (the second impl's call)
+        raise RuntimeError("out of memory")
+
+    broken = [None]
+    monkeypatch.setattr(timing, "time_gpu", in_turn)
+    monkeypatch.setattr(timing, "time_side_by_side", together)
+    args = cli.build_parser().parse_args(["--op", "matmul", "--layout", "nt"])
+    rows = cli.run_case(case, impls, args, None, torch)
+    assert calls == [("together", 5)] + ["alone"] * 5
+    assert [r["status"] for r in rows] == ["ok", "FAILED", "ok", "ok", "ok"]
+    assert "timing: RuntimeError: out of memory" in rows[1]["note"] and rows[0]["ms"] == 0.25
+    calls.clear()
+    broken[0] = None
+    args = cli.build_parser().parse_args(["--op", "matmul", "--layout", "nt", "--sequential"])
+    rows = cli.run_case(case, impls, args, None, torch)
+    assert calls == ["alone"] * 5 and all(r["status"] == "ok" for r in rows)
+
+
+def test_time_side_by_side_interleaves_what_fits_the_budget(monkeypatch):
+    from cupyops.bench import timing
+
+    est = {"fast": 1.0, "cublas": 1.2, "slow": 500.0}  # ms a call
+    seen = {}
+    monkeypatch.setattr(timing, "time_one", lambda fn: est[fn()])
+    monkeypatch.setattr(timing, "time_gpu_interleaved",
+                        lambda fns, **kw: seen.setdefault("inter", (sorted(fns), kw["repeats"])) and
+                        {n: timing.Timing(est[n], est[n], kw["repeats"]) for n in fns})
+    monkeypatch.setattr(timing, "time_gpu",
+                        lambda fn, **kw: seen.setdefault("alone", []).append(fn()) or timing.Timing(9.0, 9.0, 3))
+    fns = {n: (lambda n=n: n) for n in est}
+    out = timing.time_side_by_side(fns, repeats=50, budget_s=2.0)
+    assert seen == {"inter": (["cublas", "fast"], 50), "alone": ["slow"]}
+    assert out["fast"].median_ms == 1.0 and out["slow"].median_ms == 9.0
+    assert timing.rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert timing.rotated(["a", "b", "c"], 4) == ["b", "c", "a"]

@@ -95,3 +95,79 @@ def test_torch_cuda_graph_replays_the_eager_block():
         torch.cuda.synchronize()
         assert torch.equal(y, want), f"replay {seed} differs from eager"
     assert np.isfinite(y.float().cpu().numpy()).all()
+
+
+def _streamk_shape(sm_count):
+    """(M, N, K) of a prefill-sized matmul whose auto plan on this GPU is stream-K (a
+    whole round of 128 x 256 tiles, then a little over half a round shared along K), or
+    None where the wave model picks otherwise."""
+    from cupyops.ops import _gemm_wgmma as W
+    from cupyops.ops._gemm_problem import GemmProblem
+
+    N, K = 2560, 4096
+    M = 128 * -(-(sm_count + sm_count // 2 + 2) // (N // 256))
+    p = GemmProblem("bfloat16", False, True, M, N, K, None, None, None, None, K, K, N, N, 0, 0, 0, 0, 1, 1.0, 0.0)
+    return (M, N, K) if W.pick_config(p, sm_count) == "128x256sk" else None
+
+
+def _hopper_streamk_shape():
+    import cupy as cp
+
+    from cupyops import _launch
+    from cupyops.ops import _gemm_wgmma as W
+
+    props = _launch.device_props()
+    if not W.runs_here(props):
+        pytest.skip("stream-K GEMM: an sm_90 GPU")
+    shape = _streamk_shape(cp.cuda.Device().attributes["MultiProcessorCount"])
+    if shape is None:
+        pytest.skip("no stream-K shape picked on this GPU's SM count")
+    return shape
+
+
+def test_streamk_matmul_replays_from_both_captures():
+    # auto's stream-K GEMM takes a workspace (flags zeroed by a memset, partials) a call:
+    # captured, both come from the capturing framework's pool and stream, and the replay
+    # on new values is the eager result
+    import cupy as cp
+
+    M, N, K = _hopper_streamk_shape()
+    rs = cp.random.RandomState(0)
+    x = rs.standard_normal((M, K), dtype=cp.float32).astype(cp.float16)
+    w = rs.standard_normal((N, K), dtype=cp.float32).astype(cp.float16)
+    cp.cuda.Device().synchronize()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        cupyops.matmul(x, w.T)
+        stream.synchronize()
+        stream.begin_capture()
+        y = cupyops.matmul(x, w.T)
+        graph = stream.end_capture()
+        for seed in (1, 2):
+            x[...] = cp.random.RandomState(seed).standard_normal((M, K), dtype=cp.float32).astype(cp.float16)
+            graph.launch(stream)
+            want = cupyops.matmul(x, w.T)
+            stream.synchronize()
+            assert cp.array_equal(y.view(cp.uint16), want.view(cp.uint16)), f"CuPy replay {seed} differs"
+    ref = x.astype(cp.float32) @ w.astype(cp.float32).T
+    assert float(cp.abs(y.astype(cp.float32) - ref).max()) < 0.05 * float(cp.abs(ref).max())
+
+    torch = pytest.importorskip("torch")
+    g = torch.Generator(device="cpu").manual_seed(0)
+    xt = torch.randn((M, K), generator=g).to("cuda", torch.bfloat16)
+    wt = torch.randn((N, K), generator=g).to("cuda", torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        cupyops.matmul(xt, wt.T)
+    torch.cuda.current_stream().wait_stream(side)
+    tg = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(tg):
+        yt = cupyops.matmul(xt, wt.T)
+    for seed in (1, 2):
+        xt.copy_(torch.randn((M, K), generator=torch.Generator().manual_seed(seed)).to("cuda", torch.bfloat16))
+        tg.replay()
+        want = cupyops.matmul(xt, wt.T)
+        torch.cuda.synchronize()
+        assert torch.equal(yt, want), f"torch replay {seed} differs"
+    assert (yt.float() - xt.float() @ wt.float().T).abs().max() < 0.05 * yt.float().abs().max()

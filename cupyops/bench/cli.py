@@ -7,6 +7,7 @@ stderr as the run goes; the header and the table come last on stdout.
 """
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import sys
 import time
@@ -127,6 +128,10 @@ def build_parser():
     tim.add_argument("--time-budget", type=float, default=2.0, metavar="S",
                      help="seconds of timed calls per impl at most; slow rungs get fewer "
                           "repeats, never under 3 (default 2)")
+    tim.add_argument("--sequential", action="store_true",
+                     help="time each impl of a case in turn, not side by side (by default the "
+                          "fast impls of a case, the ratios' two sides among them, are timed "
+                          "with their calls interleaved, so that the GPU's drift falls on all alike)")
     tim.add_argument("--check-limit", type=int, default=cases.CHECK_LIMIT, metavar="N",
                      help="validate row-wise cases above N elements on a subset of rows; "
                           "0 checks every row (default 2^22; attention: 64 query rows of a "
@@ -195,7 +200,8 @@ def make_plan(args, parser, variants_loader=None):
                      "--no-baselines)")
     settings = {
         "suite": suite, "repeats": args.repeats, "warmup": args.warmup,
-        "time_budget_s": args.time_budget, "check_limit": args.check_limit,
+        "time_budget_s": args.time_budget, "timing": "sequential" if args.sequential else "interleaved",
+        "check_limit": args.check_limit,
         "skip_slow": skip_slow, "slow_limit": args.slow_limit, "seed": args.seed,
         "copy_mib": args.copy_mib, "host_calls": args.host_calls, "ops": list(ops),
     }
@@ -417,24 +423,67 @@ def run_case(case, impls, args, flush, torch):
         log(f"  FAILED {note}")
         return [row(i, "FAILED", note) for i in impls]
 
-    rows = []
+    # every impl validated first; those that passed are then timed side by side
+    # (timing.time_side_by_side: the fast ones interleaved), or each in turn (--sequential)
+    t0 = time.perf_counter()
+    rows, pending = [], {}
     for impl in impls:
-        t0 = time.perf_counter()
         if impl.skip:
             r = row(impl, "skipped", impl.skip)
         elif impl.kind == "baseline":
             r = run_baseline(data, impl, args, flush, torch, row)
         else:
             r = run_variant(data, impl, args, flush, row)
+        if isinstance(r, Pending):
+            pending[len(rows)] = r
         rows.append(r)
+    timed = time_pending(pending, args, flush)
+    for i, r in enumerate(rows):
+        if i in pending:
+            rows[i] = r = pending[i].finish(timed.get(i))
         log(progress_line(r, time.perf_counter() - t0))
     return rows
 
 
+@dataclasses.dataclass
+class Pending:
+    """An impl that passed its checks, waiting to be timed: its call, and the row that a
+    Timing (or the exception that timing raised) makes of it."""
+
+    call: object
+    make_row: object  # Timing -> row
+    fail_row: object  # exception -> row
+
+    def finish(self, t):
+        return self.fail_row(t) if isinstance(t, Exception) else self.make_row(t)
+
+
+def time_pending(pending, args, flush):
+    """{index: Timing or the exception} of the pending impls: side by side (interleaved
+    where they fit the budget), or each in turn under --sequential. One that fails to time
+    fails alone: the others are then timed in turn."""
+    from . import timing
+
+    kw = dict(repeats=args.repeats, warmup=args.warmup, flush=flush, budget_s=args.time_budget)
+    if not args.sequential and len(pending) > 1:
+        try:
+            return timing.time_side_by_side({i: p.call for i, p in pending.items()}, **kw)
+        except Exception:  # noqa: BLE001 (which one failed is found below, each alone)
+            pass
+    out = {}
+    for i, p in pending.items():
+        try:
+            out[i] = timing.time_gpu(p.call, **kw)
+        except Exception as exc:  # noqa: BLE001 (reported in the impl's row)
+            out[i] = exc
+    return out
+
+
 def run_variant(data, impl, args, flush, row):
-    """Validate, then time, one cupyops impl. An argument error raised by the first call
-    means the variant does not take this dtype/shape: skipped, not FAILED."""
-    from . import runners, timing
+    """Validate one cupyops impl: its row, or a Pending to time. An argument error raised
+    by the first call means the variant does not take this dtype/shape: skipped, not
+    FAILED."""
+    from . import runners
 
     call = runners.cupyops_call(data, impl.name)
     try:
@@ -449,27 +498,28 @@ def run_variant(data, impl, args, flush, row):
         return row(impl, "FAILED", f"validation: {type(exc).__name__}: {exc}", tolerance=data.tol)
     if failure:
         return row(impl, "FAILED", failure, rel_error=err, tolerance=data.tol)
-    try:
-        t = timing.time_gpu(call, repeats=args.repeats, warmup=args.warmup, flush=flush,
-                            budget_s=args.time_budget)
-    except Exception as exc:
-        return row(impl, "FAILED", f"timing: {type(exc).__name__}: {exc}", rel_error=err,
-                   tolerance=data.tol)
-    return row(impl, ms=t.median_ms, ms_min=t.min_ms, repeats=t.repeats, rel_error=err,
-               tolerance=data.tol)
+    return Pending(call,
+                   lambda t: row(impl, ms=t.median_ms, ms_min=t.min_ms, repeats=t.repeats, rel_error=err,
+                                 tolerance=data.tol),
+                   lambda exc: row(impl, "FAILED", f"timing: {type(exc).__name__}: {exc}", rel_error=err,
+                                   tolerance=data.tol))
 
 
 def run_baseline(data, impl, args, flush, torch, row):
-    """Time a vendor baseline; its error is reported, a miss only noted."""
-    from . import runners, timing
+    """Check a vendor baseline: a Pending to time (its error is reported, a miss only
+    noted), or its skipped row."""
+    from . import runners
 
     try:
         fn = runners.baseline_call(data, impl.name, torch)
-        context = getattr(fn, "context", None) or contextlib.nullcontext
-        with context():  # SDPA's backend selection, outside the timed calls
-            err = runners.check(data, fn())
-            t = timing.time_gpu(fn, repeats=args.repeats, warmup=args.warmup, flush=flush,
-                                budget_s=args.time_budget)
+        context = getattr(fn, "context", None)
+        if context is None:
+            call = fn
+        else:  # SDPA's backend selection around each call (entered on the host, not timed)
+            def call():
+                with context():
+                    return fn()
+        err = runners.check(data, call())
     except Exception as exc:
         if impl.name in operators.SDPA_BACKENDS:  # one line: what refused it
             lines = [ln for ln in str(exc).splitlines() if ln.strip()]
@@ -478,8 +528,10 @@ def run_baseline(data, impl, args, flush, torch, row):
         return row(impl, "skipped", f"unsupported: {type(exc).__name__}: {exc}")
     notes = [getattr(fn, "note", None), None if err <= data.tol else "rel_error above tolerance"]
     note = "; ".join(n for n in notes if n) or None
-    return row(impl, note=note, ms=t.median_ms, ms_min=t.min_ms, repeats=t.repeats,
-               rel_error=err, tolerance=data.tol)
+    return Pending(call,
+                   lambda t: row(impl, note=note, ms=t.median_ms, ms_min=t.min_ms, repeats=t.repeats,
+                                 rel_error=err, tolerance=data.tol),
+                   lambda exc: row(impl, "skipped", f"unsupported: {type(exc).__name__}: {exc}"))
 
 
 def progress_line(r, wall_s):

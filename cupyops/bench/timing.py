@@ -93,7 +93,9 @@ def time_gpu_interleaved(fns, *, repeats=30, warmup=3, flush=None, held=True):
     interleave: the i-th call of each runs before the (i + 1)-th of any, each after an L2
     flush and between its own events, so that a drift of the GPU's clock or power over the
     measure (several percent within seconds on an H100 running long GEMMs: NOTES) falls on
-    all of them alike. For A/B comparisons of configurations. As in ``time_gpu``, the calls
+    all of them alike; the i-th round starts at the (i mod k)-th callable of k, so that
+    none always runs first or after the same neighbour. For A/B comparisons of
+    configurations, and the benchmark's impls of one case. As in ``time_gpu``, the calls
     are queued in batches behind the hold kernel, so that the GPU never waits for the host
     inside an event pair; where a batch outlives the hold (a call that waits for the stream
     on the host, such as a synchronous copy on the legacy stream), they are timed again
@@ -109,7 +111,8 @@ def time_gpu_interleaved(fns, *, repeats=30, warmup=3, flush=None, held=True):
 
 def _event_times(fns, n, flush, held):
     """{name: n event times (ms)} of the callables ``fns``, the i-th call of each before the
-    (i + 1)-th of any, each after ``flush`` (if any); None where ``held`` and a batch
+    (i + 1)-th of any (in an order rotated by one a round), each after ``flush`` (if any);
+    None where ``held`` and a batch
     outlived the hold. Calls are queued in batches behind a hold kernel (kernels/timing.cu)
     and released together: the GPU then runs flush, event, call, event back to back and
     never waits for the host inside an event pair, however long the call's Python side
@@ -117,6 +120,7 @@ def _event_times(fns, n, flush, held):
     import cupy
 
     events = {name: [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(n)] for name in fns}
+    names = list(fns)
     per_batch = max(1, HOLD_BATCH // len(fns))
     _sync()
     hold = _Hold() if held else None
@@ -124,12 +128,12 @@ def _event_times(fns, n, flush, held):
         if hold is not None:
             hold.engage()
         for i in range(b, min(b + per_batch, n)):
-            for name, fn in fns.items():
+            for name in rotated(names, i):
                 if flush is not None:
                     flush()
                 start, end = events[name][i]
                 start.record()
-                fn()
+                fns[name]()
                 end.record()
         if hold is not None:
             hold.release()
@@ -137,6 +141,36 @@ def _event_times(fns, n, flush, held):
     if hold is not None and hold.timed_out():
         return None
     return {name: [cupy.cuda.get_elapsed_time(s, e) for s, e in pairs] for name, pairs in events.items()}
+
+
+def rotated(names, i):
+    """``names`` starting at its (i mod len)-th: the order of round i of an interleaved measure."""
+    k = i % len(names)
+    return names[k:] + names[:k]
+
+
+def time_side_by_side(fns, *, repeats=50, warmup=5, flush=None, budget_s=2.0, min_repeats=3):
+    """{name: Timing} of a case's callables, as the benchmark reports them side by side.
+    Each is sized as ``time_gpu`` sizes it (a first call timed alone; repeats shrink to fit
+    ``budget_s``, never below ``min_repeats``); those that fit ``repeats`` calls in the
+    budget (the fast rungs and the baselines a ratio compares) are timed together,
+    interleaved (``time_gpu_interleaved``: a drift of the GPU's clocks over the
+    measure falls on all alike, where timed in turn a ratio of long GEMMs moved by 5-10 %
+    between passes: NOTES), the slower ones each alone. A single callable is ``time_gpu``."""
+    if len(fns) == 1:
+        (name, fn), = fns.items()
+        return {name: time_gpu(fn, repeats=repeats, warmup=warmup, flush=flush, budget_s=budget_s,
+                               min_repeats=min_repeats)}
+    est = {name: time_one(fn) for name, fn in fns.items()}
+    fit = {name: fn for name, fn in fns.items() if repeats * est[name] <= budget_s * 1e3}
+    out = {}
+    if len(fit) > 1:
+        out.update(time_gpu_interleaved(fit, repeats=repeats, warmup=max(0, warmup - 1), flush=flush))
+    for name, fn in fns.items():
+        if name not in out:
+            out[name] = time_gpu(fn, repeats=repeats, warmup=warmup, flush=flush, budget_s=budget_s,
+                                 min_repeats=min_repeats)
+    return out
 
 
 class _Hold:

@@ -18,13 +18,13 @@ persistent grid as many clusters as the driver says fit at once
 (``_launch.max_active_clusters``). ``128x176c2`` takes a K-major B alone (``x @ w.T``:
 an N-major B moves in 64-column pieces, ``takes_layout``); its 176 columns cut the
 28672-wide Llama MLP weight into 163 tile columns, cuBLAS's tile there. And
-``128x256sk``, which ``None`` does not pick (NOTES 79, 83: 1-3 % ahead of the default
-where whole waves leave a thin last one, as 512x28672x4096, behind it where there is less
-than one wave, and its per-call workspace is no fit for a torch.cuda.graph capture): stream-K for the tiles past the last whole wave
-(``streamk_plan``): the k-tiles of those tiles are cut into ranges, one a block; a block
-that holds the head of a tile hands its float32 partial to the block that holds its tail
-through a workspace, and that block adds them in a fixed order (results are deterministic
-for a given SM count) and runs the epilogue once.
+``128x256sk``, which ``None`` picks where 128 x 256 wins the wave model and stream-K is
+predicted to save at least 1 % (``streamk_gain``: 1-2 % measured at 8192^3 and
+4096x28672x4096, a loss where the last round of tiles is nearly full): stream-K for the
+tiles past the last whole wave (``streamk_plan``): the k-tiles of those tiles are cut
+into ranges, one a block; a block that holds the head of a tile hands its float32 partial
+to the block that holds its tail through a workspace, and that block adds them in a fixed
+order (results are deterministic for a given SM count) and runs the epilogue once.
 
 ``None`` picks by a wave model (``pick_config``): a block's time is taken as BN /
 EFFICIENCY[config] and the grid's as the rounds of blocks over the SMs times that; fewer,
@@ -132,7 +132,9 @@ def pick_config(p, sm_count):
     """wgmma_ws's tile for problem ``p`` on ``sm_count`` SMs (wave model, module docstring):
     the rounds of blocks over the SMs (a pair takes two tiles stacked along M, so an odd
     row of tiles costs a block that computes zeros) times BN / EFFICIENCY; the wider tile,
-    and then the single block, wins a tie. No pairs where M has a single row of tiles."""
+    and then the single block, wins a tie. No pairs where M has a single row of tiles.
+    Where 128 x 256 wins, its stream-K form where that is predicted to gain
+    (``streamk_gain``)."""
     best, best_cost = None, None
     for cfg in EFFICIENCY:
         t = TILES["wgmma_ws"][cfg]
@@ -142,6 +144,8 @@ def pick_config(p, sm_count):
         cost = _launch.cdiv(blocks, sm_count) * t.bn / EFFICIENCY[cfg]
         if best_cost is None or cost < best_cost:
             best, best_cost = cfg, cost
+    if best == "128x256" and streamk_gain(p, TILES["wgmma_ws"]["128x256sk"], sm_count) >= SK_MIN_GAIN:
+        return "128x256sk"
     return best
 
 
@@ -150,6 +154,15 @@ def pick_config(p, sm_count):
 # at the L2's share of an SM, against ~0.55 us of wgmmas a k-tile of 128 x 256 on an H100).
 SK_MIN_K_TILES = 8
 SK_FLAG_WORDS = 64  # the flags (int32, 2 a block) are padded to 256 bytes, gwg::sk_flag_words
+# What stream-K costs a call beyond its ranges' k-tiles, in k-tiles of 128 x 256 (the flags'
+# memset, a partial written and read by every block at once, the pieces' switches),
+# fitted on an H100 to interleaved A/Bs of 128x256sk against 128x256 (NOTES 135): ~18
+# k-tiles (~12 us) lost at 4096^3 and 4096 x 6144 x 4096, where it saves 8-12 k-tiles of
+# the last wave, and 1-2 % gained at 8192^3 and 4096 x 28672 x 4096, where it saves 60 and
+# 53. The wave model takes stream-K where the predicted gain is at least SK_MIN_GAIN of
+# the call.
+SK_FIXUP_K_TILES = 18
+SK_MIN_GAIN = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +195,23 @@ def streamk_plan(p, tile, sm_count):
     grid = sm_count if dp else sk_blocks
     flags = _launch.cdiv(2 * sk_blocks, SK_FLAG_WORDS) * SK_FLAG_WORDS * 4
     return StreamK(dp, sk_blocks, grid, flags, flags + sk_blocks * tile.bm * tile.bn * 4)
+
+
+def streamk_gain(p, tile, sm_count):
+    """The share of a data-parallel call of ``tile`` that stream-K is predicted to save: the
+    last round's tiles take a whole tile's k-tiles whole, a stream-K range
+    (``streamk_plan``) its share plus SK_FIXUP_K_TILES; negative where it loses. None
+    without a whole round of tiles (the fit's shapes all had some; with none, every block
+    shares a tile, and item 79 of NOTES measured such calls 7-19 us behind)."""
+    sk = streamk_plan(p, tile, sm_count)
+    if not sk.sk_blocks or not sk.dp_tiles:
+        return 0.0
+    kt = _launch.cdiv(p.K, BK)
+    tiles = _launch.cdiv(p.M, tile.bm) * _launch.cdiv(p.N, tile.bn) * p.batch
+    rest = tiles - sk.dp_tiles
+    data_parallel = _launch.cdiv(tiles, sm_count) * kt
+    streamed = sk.dp_tiles // sm_count * kt + _launch.cdiv(rest * kt, sk.sk_blocks) + SK_FIXUP_K_TILES
+    return (data_parallel - streamed) / data_parallel
 
 
 def plan(impl, p, config=None, sm_count=132, clusters=None):
