@@ -933,3 +933,18 @@ def test_benchmark_hold_sees_its_release_before_the_next_engage():
     cp.cuda.get_current_stream().synchronize()
     assert not hold.timed_out()
     assert waited < 0.5, f"the first hold waited {waited:.3f} s for a later release"
+
+
+def test_benchmark_times_a_case_side_by_side():
+    # time_side_by_side: the calls that fit the budget interleave, each timed between its
+    # own events; a call ten times longer reads about ten times longer, whatever the order
+    cp = _cupy()
+    from cupyops.bench import timing
+
+    a = cp.random.standard_normal((2048, 2048), dtype=cp.float32)
+    b = cp.random.standard_normal((1024, 1024), dtype=cp.float32)
+    fns = {"big": lambda: a @ a, "small": lambda: b @ b, "twice": lambda: (b @ b, b @ b)}
+    t = timing.time_side_by_side(fns, repeats=20, warmup=2, flush=timing.L2Flusher())
+    assert set(t) == set(fns) and all(v.repeats == 20 for v in t.values())
+    assert 4 < t["big"].median_ms / t["small"].median_ms < 12
+    assert 1.5 < t["twice"].median_ms / t["small"].median_ms < 2.5
