@@ -1554,5 +1554,27 @@ def test_time_side_by_side_interleaves_what_fits_the_budget(monkeypatch):
     out = timing.time_side_by_side(fns, repeats=50, budget_s=2.0)
     assert seen == {"inter": (["cublas", "fast"], 50), "alone": ["slow"]}
     assert out["fast"].median_ms == 1.0 and out["slow"].median_ms == 9.0
-    assert timing.rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
-    assert timing.rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6, 7])
+def test_round_order_balances_places_and_predecessors(k):
+    # a Williams design: over its rounds every callable runs in every place equally often
+    # and right after every other callable equally often
+    rounds = k if k % 2 == 0 else 2 * k
+    orders = [timing_mod().round_order(k, i) for i in range(rounds)]
+    assert all(sorted(o) == list(range(k)) for o in orders)
+    assert orders == [timing_mod().round_order(k, i + rounds) for i in range(rounds)]
+    places = {(o[p], p) for o in orders for p in range(k)}
+    assert len(places) == k * k and all(sum(o[p] == c for o in orders) == rounds // k for c in range(k) for p in range(k))
+    after = {}
+    for o in orders:
+        for a, b in zip(o, o[1:]):
+            after[a, b] = after.get((a, b), 0) + 1
+    assert set(after) == {(a, b) for a in range(k) for b in range(k) if a != b}
+    assert len(set(after.values())) <= 1
+
+
+def timing_mod():
+    from cupyops.bench import timing
+
+    return timing

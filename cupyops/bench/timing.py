@@ -93,16 +93,21 @@ def time_gpu_interleaved(fns, *, repeats=30, warmup=3, flush=None, held=True):
     interleave: the i-th call of each runs before the (i + 1)-th of any, each after an L2
     flush and between its own events, so that a drift of the GPU's clock or power over the
     measure (several percent within seconds on an H100 running long GEMMs: NOTES) falls on
-    all of them alike; the i-th round starts at the (i mod k)-th callable of k, so that
-    none always runs first or after the same neighbour. For A/B comparisons of
+    all of them alike; the rounds' orders are those of a Williams design (``round_order``),
+    so that each callable runs in each place, and after each other one, equally often
+    (under a plain rotation, the same GEMM kernel measured 0.4-0.5 % slower right after
+    cuBLAS than right after itself: NOTES). For A/B comparisons of
     configurations, and the benchmark's impls of one case. As in ``time_gpu``, the calls
     are queued in batches behind the hold kernel, so that the GPU never waits for the host
     inside an event pair; where a batch outlives the hold (a call that waits for the stream
     on the host, such as a synchronous copy on the legacy stream), they are timed again
-    unheld, which is sound only for calls far longer than their host time. {name: Timing}."""
+    unheld, which is sound only for calls far longer than their host time. ``repeats`` is
+    rounded up to whole rounds of the design. {name: Timing}."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
+    rows = len(fns) if len(fns) % 2 == 0 else 2 * len(fns)  # (the design's rounds: whole ones)
+    repeats = -(-repeats // rows) * rows
     times = _event_times(fns, repeats, flush, held)
     if times is None:
         times = _event_times(fns, repeats, flush, False)
@@ -111,7 +116,7 @@ def time_gpu_interleaved(fns, *, repeats=30, warmup=3, flush=None, held=True):
 
 def _event_times(fns, n, flush, held):
     """{name: n event times (ms)} of the callables ``fns``, the i-th call of each before the
-    (i + 1)-th of any (in an order rotated by one a round), each after ``flush`` (if any);
+    (i + 1)-th of any (round i in ``round_order(len(fns), i)``), each after ``flush`` (if any);
     None where ``held`` and a batch
     outlived the hold. Calls are queued in batches behind a hold kernel (kernels/timing.cu)
     and released together: the GPU then runs flush, event, call, event back to back and
@@ -128,7 +133,8 @@ def _event_times(fns, n, flush, held):
         if hold is not None:
             hold.engage()
         for i in range(b, min(b + per_batch, n)):
-            for name in rotated(names, i):
+            for j in round_order(len(names), i):
+                name = names[j]
                 if flush is not None:
                     flush()
                 start, end = events[name][i]
@@ -143,10 +149,17 @@ def _event_times(fns, n, flush, held):
     return {name: [cupy.cuda.get_elapsed_time(s, e) for s, e in pairs] for name, pairs in events.items()}
 
 
-def rotated(names, i):
-    """``names`` starting at its (i mod len)-th: the order of round i of an interleaved measure."""
-    k = i % len(names)
-    return names[k:] + names[:k]
+def round_order(k, i):
+    """The order of round i of an interleaved measure of k callables (indices): row i of a
+    Williams design, a Latin square whose rows 0, 1, k - 1, 2, k - 2, ... (shifted by the
+    row) put every callable in every place and right after every other one once in k
+    rounds (2k for odd k, whose second k rows are the first k reversed)."""
+    first = [0]
+    for j in range(1, k):
+        first.append((j + 1) // 2 if j % 2 else k - j // 2)
+    r = i % (k if k % 2 == 0 else 2 * k)
+    row = [(x + r) % k for x in first]
+    return row if r < k else row[::-1]
 
 
 def time_side_by_side(fns, *, repeats=50, warmup=5, flush=None, budget_s=2.0, min_repeats=3):
