@@ -55,7 +55,7 @@ def test_wave_model_picks_the_tile(M, N, K, cfg):
 
 
 @pytest.mark.parametrize("M,N,K,gain", [
-    # the fit (NOTES 135; measured, interleaved against 128x256: -4 %, -1.5 to -2 %, +0.5 %,
+    # the fit (NOTES 136; measured, interleaved against 128x256: -4 %, -1.5 to -2 %, +0.5 %,
     # +2 %, +1.5 to 2 %)
     (4096, 4096, 4096, -0.043), (4096, 6144, 4096, -0.018), (4096, 4096, 14336, 0.010),
     (8192, 8192, 8192, 0.021), (4096, 28672, 4096, 0.020),

@@ -96,7 +96,7 @@ def time_gpu_interleaved(fns, *, repeats=30, warmup=3, flush=None, held=True):
     all of them alike; the rounds' orders are those of a Williams design (``round_order``),
     so that each callable runs in each place, and after each other one, equally often
     (under a plain rotation, the same GEMM kernel measured 0.4-0.5 % slower right after
-    cuBLAS than right after itself: NOTES). For A/B comparisons of
+    cuBLAS than right after itself: NOTES 137). For A/B comparisons of
     configurations, and the benchmark's impls of one case. As in ``time_gpu``, the calls
     are queued in batches behind the hold kernel, so that the GPU never waits for the host
     inside an event pair; where a batch outlives the hold (a call that waits for the stream

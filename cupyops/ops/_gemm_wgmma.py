@@ -156,7 +156,7 @@ SK_MIN_K_TILES = 8
 SK_FLAG_WORDS = 64  # the flags (int32, 2 a block) are padded to 256 bytes, gwg::sk_flag_words
 # What stream-K costs a call beyond its ranges' k-tiles, in k-tiles of 128 x 256 (the flags'
 # memset, a partial written and read by every block at once, the pieces' switches),
-# fitted on an H100 to interleaved A/Bs of 128x256sk against 128x256 (NOTES 135): ~18
+# fitted on an H100 to interleaved A/Bs of 128x256sk against 128x256 (NOTES 136): ~18
 # k-tiles (~12 us) lost at 4096^3 and 4096 x 6144 x 4096, where it saves 8-12 k-tiles of
 # the last wave, and 1-2 % gained at 8192^3 and 4096 x 28672 x 4096, where it saves 60 and
 # 53. The wave model takes stream-K where the predicted gain is at least SK_MIN_GAIN of
