@@ -200,7 +200,7 @@ def streamk_plan(p, tile, sm_count):
 def streamk_gain(p, tile, sm_count):
     """The share of a data-parallel call of ``tile`` that stream-K is predicted to save: the
     last round's tiles take a whole tile's k-tiles whole, a stream-K range
-    (``streamk_plan``) its share plus SK_FIXUP_K_TILES; negative where it loses. None
+    (``streamk_plan``) its share plus SK_FIXUP_K_TILES; negative where it loses. 0
     without a whole round of tiles (the fit's shapes all had some; with none, every block
     shares a tile, and item 79 of NOTES measured such calls 7-19 us behind)."""
     sk = streamk_plan(p, tile, sm_count)
