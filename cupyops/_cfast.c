@@ -480,14 +480,19 @@ static PyObject *replay_cupy(Replay *r, PyObject *const *arrays) {
     return y;
 }
 
-/* Replay.cupy(arrays): as FastCall.cupy. */
-static PyObject *Replay_cupy(Replay *r, PyObject *arrays) {
-    PyObject *t = input_tuple(r, arrays, "arrays");
+typedef PyObject *(*replay_fn)(Replay *r, PyObject *const *inputs);
+
+/* Replay.cupy / Replay.torch: ``run`` on the inputs given as a sequence. */
+static PyObject *replay_sequence(Replay *r, PyObject *seq, const char *what, replay_fn run) {
+    PyObject *t = input_tuple(r, seq, what);
     if (!t) return NULL;
-    PyObject *y = replay_cupy(r, &PyTuple_GET_ITEM(t, 0));
+    PyObject *y = run(r, &PyTuple_GET_ITEM(t, 0));
     Py_DECREF(t);
     return y;
 }
+
+/* Replay.cupy(arrays): as FastCall.cupy. */
+static PyObject *Replay_cupy(Replay *r, PyObject *arrays) { return replay_sequence(r, arrays, "arrays", replay_cupy); }
 
 /* Replay.set_torch(form, make, raw_stream, raw_alloc, raw_delete): how torch calls make
    their output (FastCall._torch_output_form) and reach torch's stream and allocator. The
@@ -573,11 +578,7 @@ fail:
 
 /* Replay.torch(tensors): as FastCall.torch, once set_torch has been called. */
 static PyObject *Replay_torch(Replay *r, PyObject *tensors) {
-    PyObject *t = input_tuple(r, tensors, "tensors");
-    if (!t) return NULL;
-    PyObject *y = replay_torch(r, &PyTuple_GET_ITEM(t, 0));
-    Py_DECREF(t);
-    return y;
+    return replay_sequence(r, tensors, "tensors", replay_torch);
 }
 
 static PyMethodDef Replay_methods[] = {

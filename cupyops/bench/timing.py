@@ -70,22 +70,22 @@ def time_one(fn):
     return cupy.cuda.get_elapsed_time(start, end)
 
 
-def time_gpu(fn, *, repeats=50, warmup=5, flush=None, budget_s=2.0, min_repeats=3, held=True):
+def time_gpu(fn, *, repeats=50, warmup=5, flush=None, budget_s=2.0, min_repeats=3, held=True, est_ms=None):
     """Median event time of ``fn()`` over ``repeats`` calls, each after an L2 flush.
 
-    The first warm-up call is timed alone to size the rest: a textbook rung can take a
-    second per call, so repeats (and warm-up) shrink to fit ``budget_s`` per measurement,
-    never below ``min_repeats``. Compilation must already have happened (the CLI validates
-    every impl first, which runs it once)."""
-    est_ms = time_one(fn)
+    The first warm-up call is timed alone to size the rest (``est_ms``: that time, where
+    the caller has taken it): a textbook rung can take a second per call, so repeats (and
+    warm-up) shrink to fit ``budget_s`` per measurement, never below ``min_repeats``.
+    Compilation must already have happened (the CLI validates every impl first, which runs
+    it once)."""
+    if est_ms is None:
+        est_ms = time_one(fn)
     if (warmup - 1) * est_ms < 250.0 * budget_s:  # warm-up may use a quarter of the budget
         for _ in range(warmup - 1):
             fn()
     n = max(min_repeats, min(repeats, int(budget_s * 1e3 / max(est_ms, 1e-3))))
-    times = _event_times({None: fn}, n, flush, held)
-    if times is None:  # the batch outlived the hold: time it plainly
-        times = _event_times({None: fn}, n, flush, False)
-    return Timing(statistics.median(times[None]), min(times[None]), n)
+    times = _event_times({None: fn}, n, flush, held)[None]
+    return Timing(statistics.median(times), min(times), n)
 
 
 def time_gpu_interleaved(fns, *, repeats=30, warmup=3, flush=None, held=True):
@@ -109,19 +109,17 @@ def time_gpu_interleaved(fns, *, repeats=30, warmup=3, flush=None, held=True):
     rows = len(fns) if len(fns) % 2 == 0 else 2 * len(fns)  # (the design's rounds: whole ones)
     repeats = -(-repeats // rows) * rows
     times = _event_times(fns, repeats, flush, held)
-    if times is None:
-        times = _event_times(fns, repeats, flush, False)
     return {name: Timing(statistics.median(t), min(t), repeats) for name, t in times.items()}
 
 
 def _event_times(fns, n, flush, held):
     """{name: n event times (ms)} of the callables ``fns``, the i-th call of each before the
-    (i + 1)-th of any (round i in ``round_order(len(fns), i)``), each after ``flush`` (if any);
-    None where ``held`` and a batch
-    outlived the hold. Calls are queued in batches behind a hold kernel (kernels/timing.cu)
-    and released together: the GPU then runs flush, event, call, event back to back and
-    never waits for the host inside an event pair, however long the call's Python side
-    takes."""
+    (i + 1)-th of any (round i in ``round_order(len(fns), i)``), each after ``flush`` (if
+    any). Where ``held``, calls are queued in batches behind a hold kernel
+    (kernels/timing.cu) and released together: the GPU then runs flush, event, call, event
+    back to back and never waits for the host inside an event pair, however long the
+    call's Python side takes; where a batch outlived the hold, all are timed again
+    unheld."""
     import cupy
 
     events = {name: [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(n)] for name in fns}
@@ -145,7 +143,7 @@ def _event_times(fns, n, flush, held):
             hold.release()
     _sync()
     if hold is not None and hold.timed_out():
-        return None
+        return _event_times(fns, n, flush, False)
     return {name: [cupy.cuda.get_elapsed_time(s, e) for s, e in pairs] for name, pairs in events.items()}
 
 
@@ -169,11 +167,7 @@ def time_side_by_side(fns, *, repeats=50, warmup=5, flush=None, budget_s=2.0, mi
     budget (the fast rungs and the baselines a ratio compares) are timed together,
     interleaved (``time_gpu_interleaved``: a drift of the GPU's clocks over the
     measure falls on all alike, where timed in turn a ratio of long GEMMs moved by 5-10 %
-    between passes: NOTES), the slower ones each alone. A single callable is ``time_gpu``."""
-    if len(fns) == 1:
-        (name, fn), = fns.items()
-        return {name: time_gpu(fn, repeats=repeats, warmup=warmup, flush=flush, budget_s=budget_s,
-                               min_repeats=min_repeats)}
+    between passes: NOTES), the slower ones (and a lone one) each by ``time_gpu``."""
     est = {name: time_one(fn) for name, fn in fns.items()}
     fit = {name: fn for name, fn in fns.items() if repeats * est[name] <= budget_s * 1e3}
     out = {}
@@ -182,7 +176,7 @@ def time_side_by_side(fns, *, repeats=50, warmup=5, flush=None, budget_s=2.0, mi
     for name, fn in fns.items():
         if name not in out:
             out[name] = time_gpu(fn, repeats=repeats, warmup=warmup, flush=flush, budget_s=budget_s,
-                                 min_repeats=min_repeats)
+                                 min_repeats=min_repeats, est_ms=est[name])
     return out
 
 
