@@ -87,6 +87,76 @@ static is_capturing_t is_capturing_fn;
 typedef int (*ctx_get_device_t)(int *device);
 static ctx_get_device_t ctx_get_device_fn;
 
+/* DLPack's C exchange (dlpack.h 1.3, `__dlpack_c_exchange_api__`: torch 2.11 has it): a
+   table of C functions through which a consumer reads a torch tensor's address, shape,
+   strides, dtype and device (dltensor_from_py_object_no_sync: no Python call, no reference
+   taken) and the current stream of a device (current_work_stream: torch's
+   getCurrentCUDAStream), each in tens of nanoseconds where the Python attributes and
+   methods cost a tenth to half a microsecond each (NOTES 141). The layouts below are
+   dlpack.h's (this file needs no torch or DLPack header); bind_torch_dlpack binds torch's
+   table where its major version is 1, and every use falls back to the Python attributes
+   where it is unbound or declines a tensor. */
+typedef struct {
+    int32_t device_type, device_id;
+} DLDevice_;
+typedef struct {
+    uint8_t code, bits;
+    uint16_t lanes;
+} DLDataType_;
+typedef struct {
+    void *data;
+    DLDevice_ device;
+    int32_t ndim;
+    DLDataType_ dtype;
+    int64_t *shape, *strides; /* strides in elements */
+    uint64_t byte_offset;
+} DLTensor_;
+typedef struct DLPackAPIHeader_ {
+    uint32_t major, minor;
+    struct DLPackAPIHeader_ *prev_api; /* an older version's table, or NULL */
+} DLPackAPIHeader_;
+typedef struct {
+    DLPackAPIHeader_ header;
+    void *managed_tensor_allocator, *managed_tensor_from_py_object_no_sync, *managed_tensor_to_py_object_no_sync;
+    int (*dltensor_from_py_object_no_sync)(void *py_object, DLTensor_ *out); /* may be NULL */
+    int (*current_work_stream)(int32_t device_type, int32_t device_id, void **out_stream);
+} DLPackExchangeAPI_;
+enum { DL_CPU = 1, DL_CUDA = 2 };
+
+static const DLPackExchangeAPI_ *torch_dl; /* bind_torch_dlpack: NULL where unbound */
+static PyObject *torch_dl_capsule;          /* (holds the table's owner alive) */
+/* the torch dtype of each DLPack dtype torch's tensors report (bind_torch_dlpack) */
+#define MAX_DL_DTYPES 32
+static uint32_t dl_dtype_code[MAX_DL_DTYPES];
+static PyObject *dl_dtype_object[MAX_DL_DTYPES];
+static Py_ssize_t n_dl_dtypes;
+
+static uint32_t dl_dtype_key(DLDataType_ t) { return t.code | (uint32_t)t.bits << 8 | (uint32_t)t.lanes << 16; }
+
+/* The DLTensor of torch tensor ``t`` (borrowed: valid while ``t`` is unchanged): 0, or -1
+   where the table is unbound or declines it (no error left set). */
+static int torch_dltensor(PyObject *t, DLTensor_ *out) {
+    if (!torch_dl || !torch_dl->dltensor_from_py_object_no_sync) return -1;
+    if (torch_dl->dltensor_from_py_object_no_sync(t, out) == 0) return 0;
+    PyErr_Clear();
+    return -1;
+}
+
+/* The address of torch tensor ``t``'s first element (tensor.data_ptr()): 0, or -1 on error. */
+static int u64(PyObject *o, uint64_t *out);
+static int torch_address(PyObject *t, uint64_t *out) {
+    DLTensor_ d;
+    if (torch_dltensor(t, &d) == 0) {
+        *out = (uint64_t)(uintptr_t)d.data + d.byte_offset;
+        return 0;
+    }
+    PyObject *p = PyObject_CallMethodNoArgs(t, s_data_ptr);
+    if (!p) return -1;
+    int rc = u64(p, out);
+    Py_DECREF(p);
+    return rc;
+}
+
 /* The current device, as CuPy's runtime.getDevice() (cudaGetDevice) answers: the device of
    the context current to this thread. CuPy and torch both work in the primary context of
    their current device (cudaSetDevice makes it current, at once since CUDA 12; CuPy's
@@ -536,7 +606,7 @@ static PyObject *replay_torch(Replay *r, PyObject *const *tensors) {
             addrs[i] = 0;
             continue;
         }
-        if (take_u64(PyObject_CallMethodNoArgs(t, s_data_ptr), &addrs[i])) return NULL;
+        if (torch_address(t, &addrs[i])) return NULL;
     }
     LaunchList *list = pick_list(r, addrs);
     if (!list) Py_RETURN_NONE;
@@ -549,13 +619,19 @@ static PyObject *replay_torch(Replay *r, PyObject *const *tensors) {
         y = PyObject_CallNoArgs(r->torch_make);
     if (!y) return NULL;
     uint64_t stream, base = 0;
-    PyObject *dev = NULL;
-    if (take_u64(PyObject_CallMethodNoArgs(y, s_data_ptr), &addrs[r->n_inputs]) || !(dev = PyLong_FromLong(d)) ||
-        take_u64(PyObject_CallOneArg(r->raw_stream, dev), &stream)) {
-        Py_XDECREF(dev);
-        goto fail;
+    if (torch_address(y, &addrs[r->n_inputs])) goto fail;
+    if (torch_dl) {
+        void *s;
+        if (torch_dl->current_work_stream(DL_CUDA, (int32_t)d, &s)) goto fail;
+        stream = (uint64_t)(uintptr_t)s;
+    } else {
+        PyObject *dev = PyLong_FromLong(d);
+        if (!dev || take_u64(PyObject_CallOneArg(r->raw_stream, dev), &stream)) {
+            Py_XDECREF(dev);
+            goto fail;
+        }
+        Py_DECREF(dev);
     }
-    Py_DECREF(dev);
     if (r->work_bytes) {
         if (take_u64(PyObject_CallFunction(r->raw_alloc, "nK", r->work_bytes, (unsigned long long)stream), &base))
             goto fail;
@@ -648,6 +724,43 @@ static PyObject *take_fast(PyObject *o) {
     return seq;
 }
 
+/* torch_sig's tuple from the tensor's DLTensor (DLPack's C exchange): NULL, with no error
+   set, where the table is unbound, declines the tensor, or reports a device or dtype that
+   the Python attributes would name otherwise (then they are asked). A CUDA tensor's device
+   is its index, a CPU tensor's -1 (as get_device()). */
+static PyObject *torch_sig_dlpack(PyObject *a) {
+    DLTensor_ t;
+    if (torch_dltensor(a, &t) || !t.strides || t.ndim < 0) return NULL;
+    long dev;
+    if (t.device.device_type == DL_CUDA) dev = t.device.device_id;
+    else if (t.device.device_type == DL_CPU) dev = -1;
+    else return NULL;
+    PyObject *dtype = NULL;
+    const uint32_t key = dl_dtype_key(t.dtype);
+    for (Py_ssize_t i = 0; i < n_dl_dtypes; i++)
+        if (dl_dtype_code[i] == key) dtype = dl_dtype_object[i];
+    if (!dtype || dtype == Py_None) return NULL;
+    const Py_ssize_t n = t.ndim;
+    PyObject *out = PyTuple_New(2 * n + 2);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < 2 * n; i++) {
+        PyObject *v = PyLong_FromLongLong(i < n ? t.shape[i] : t.strides[i - n]);
+        if (!v) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, v);
+    }
+    PyObject *device = PyLong_FromLong(dev);
+    if (!device) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(out, 2 * n, Py_NewRef(dtype));
+    PyTuple_SET_ITEM(out, 2 * n + 1, device);
+    return out;
+}
+
 /* torch_sig(a): (*shape, *stride(), dtype, get_device()) of a torch tensor, None for None:
    one flat tuple (its length gives the rank), with no torch.Size in it: a key holding
    one hashed and compared slower than one of plain tuples (NOTES 91). */
@@ -659,6 +772,8 @@ static PyObject *torch_sig(PyObject *m, PyObject *a) {
         PyErr_SetNone(unfit ? unfit : PyExc_TypeError);
         return NULL;
     }
+    PyObject *fast = torch_sig_dlpack(a);
+    if (fast || PyErr_Occurred()) return fast;
     PyObject *shape = take_fast(PyObject_GetAttr(a, s_shape)), *stride = NULL, *dtype = NULL, *dev = NULL,
              *out = NULL;
     if (shape && (stride = take_fast(PyObject_CallMethodNoArgs(a, s_stride))) &&
@@ -1303,7 +1418,98 @@ static PyObject *ctx_device(PyObject *m, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* bind_torch_dlpack(capsule, samples): bind torch's DLPack C exchange table (the
+   "dlpack_exchange_api" capsule of torch.Tensor.__dlpack_c_exchange_api__; None unbinds),
+   and learn the torch dtype of each DLPack dtype from ``samples`` (a tensor of each dtype).
+   True where bound; False where the table is not one this file reads (no major version 1
+   in its chain, or no dltensor / stream function): the Python attributes serve then. */
+static PyObject *bind_torch_dlpack(PyObject *m, PyObject *args) {
+    PyObject *capsule, *samples;
+    if (!PyArg_ParseTuple(args, "OO", &capsule, &samples)) return NULL;
+    torch_dl = NULL;
+    n_dl_dtypes = 0;
+    for (Py_ssize_t i = 0; i < MAX_DL_DTYPES; i++) Py_CLEAR(dl_dtype_object[i]);
+    Py_CLEAR(torch_dl_capsule);
+    if (capsule == Py_None) Py_RETURN_FALSE;
+    const DLPackAPIHeader_ *h = PyCapsule_GetPointer(capsule, "dlpack_exchange_api");
+    if (!h) return NULL;
+    while (h && h->major != 1) h = h->prev_api;
+    const DLPackExchangeAPI_ *api = (const DLPackExchangeAPI_ *)h;
+    if (!api || !api->dltensor_from_py_object_no_sync || !api->current_work_stream) Py_RETURN_FALSE;
+    PyObject *seq = PySequence_Fast(samples, "samples: a sequence of tensors");
+    if (!seq) return NULL;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq) && n < MAX_DL_DTYPES; i++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(seq, i);
+        DLTensor_ d;
+        if (api->dltensor_from_py_object_no_sync(t, &d)) {
+            PyErr_Clear(); /* a dtype DLPack cannot carry: its tensors ask the attributes */
+            continue;
+        }
+        PyObject *dtype = PyObject_GetAttr(t, s_dtype);
+        if (!dtype) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        const uint32_t key = dl_dtype_key(d.dtype);
+        Py_ssize_t j = 0;
+        while (j < n && dl_dtype_code[j] != key) j++;
+        if (j < n) { /* two torch dtypes as one DLPack dtype: neither is read through it */
+            Py_DECREF(dtype);
+            Py_XSETREF(dl_dtype_object[j], Py_NewRef(Py_None));
+            continue;
+        }
+        dl_dtype_code[n] = key;
+        dl_dtype_object[n++] = dtype;
+    }
+    Py_DECREF(seq);
+    n_dl_dtypes = n;
+    torch_dl_capsule = Py_NewRef(capsule);
+    torch_dl = api;
+    Py_RETURN_TRUE;
+}
+
+/* dl_describe(t): (address, shape, strides, dtype code | bits << 8 | lanes << 16, device
+   type, device index) of torch tensor ``t`` as the bound table reports it; None where
+   unbound or declined. (For the tests: what the C calls read.) */
+static PyObject *dl_describe(PyObject *m, PyObject *t) {
+    DLTensor_ d;
+    if (torch_dltensor(t, &d)) Py_RETURN_NONE;
+    PyObject *shape = PyTuple_New(d.ndim), *strides = PyTuple_New(d.strides ? d.ndim : 0);
+    if (!shape || !strides) goto fail;
+    for (Py_ssize_t i = 0; i < d.ndim; i++) {
+        PyObject *v = PyLong_FromLongLong(d.shape[i]);
+        if (!v) goto fail;
+        PyTuple_SET_ITEM(shape, i, v);
+        if (d.strides) {
+            if (!(v = PyLong_FromLongLong(d.strides[i]))) goto fail;
+            PyTuple_SET_ITEM(strides, i, v);
+        }
+    }
+    return Py_BuildValue("(KNNkii)", (unsigned long long)((uintptr_t)d.data + d.byte_offset), shape, strides,
+                         (unsigned long)dl_dtype_key(d.dtype), (int)d.device.device_type, (int)d.device.device_id);
+fail:
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    return NULL;
+}
+
+/* current_stream(device): torch's current stream of a CUDA device through the bound table
+   (an address), None where unbound. (For the tests.) */
+static PyObject *dl_current_stream(PyObject *m, PyObject *dev) {
+    if (!torch_dl) Py_RETURN_NONE;
+    long d = PyLong_AsLong(dev);
+    if (d == -1 && PyErr_Occurred()) return NULL;
+    void *s;
+    if (torch_dl->current_work_stream(DL_CUDA, (int32_t)d, &s)) return NULL;
+    return PyLong_FromUnsignedLongLong((uintptr_t)s);
+}
+
 static PyMethodDef module_methods[] = {
+    {"bind_torch_dlpack", bind_torch_dlpack, METH_VARARGS,
+     "Bind torch's DLPack C exchange table and its dtypes; True where bound."},
+    {"dl_describe", dl_describe, METH_O, "A torch tensor as the bound DLPack table reports it (None: unbound)."},
+    {"dl_current_stream", dl_current_stream, METH_O, "torch's current stream of a device by the bound table."},
     {"bind", (PyCFunction)(void (*)(void))bind, METH_VARARGS | METH_KEYWORDS,
      "What the signature functions and Finders use; returns the previous values."},
     {"ctx_device", ctx_device, METH_NOARGS, "The current device by cuCtxGetDevice (None: unbound, no context)."},

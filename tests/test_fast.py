@@ -175,6 +175,11 @@ def fake(monkeypatch, request):
                                 is_capturing=ctypes.cast(c_capturing, ctypes.c_void_p).value,
                                 ctx_get_device=ctypes.cast(c_ctx_device, ctypes.c_void_p).value)
         request.addfinalizer(lambda: _fast._cfast.bind(**old))
+        # (where a GPU test bound torch's DLPack table in this process, the stand-ins' calls
+        # ask the Python attributes and the stand-in stream query; bound again after)
+        _fast._cfast.bind_torch_dlpack(None, ())
+        if _fast.TORCH_DLPACK:
+            request.addfinalizer(lambda: _fast.bind_torch_dlpack(sys.modules["torch"]))
     return types.SimpleNamespace(device=device, launched=launched, allocated=allocated, made=made, raw=raw,
                                  stream=stream, use_c=use_c, c_driver=c_driver, capture=capture,
                                  c_capturing=c_capturing, ctx_error=ctx_error, c_ctx_device=c_ctx_device)
@@ -679,6 +684,111 @@ def test_a_torch_key_is_one_flat_tuple(fake):
             assert _fast._cfast.torch_sig(a) == _fast.torch_sig(a)
         with pytest.raises(_fast.Unfit):
             _fast._cfast.torch_sig(np.zeros(3))
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):  # dlpack.h's layouts
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+_DLTENSOR_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_DLTensor))
+_STREAM_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p))
+
+
+class _DLPackAPI(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("prev_api", ctypes.c_void_p),
+                ("allocator", ctypes.c_void_p), ("managed_from_py", ctypes.c_void_p), ("managed_to_py", ctypes.c_void_p),
+                ("dltensor_from_py", _DLTENSOR_FN), ("current_work_stream", _STREAM_FN)]
+
+
+def _fake_dlpack_table(major=1):
+    """A DLPack C exchange table over FakeTensors (float32 as DLPack's float code 2, 32
+    bits; a tensor whose data_ptr is 0xBAD0 declined), in a capsule as torch gives it, and
+    the calls it answered."""
+    kept, calls = [], []  # (the shape / stride arrays must outlive a call, as torch's do)
+
+    def dltensor(obj, out):
+        t = ctypes.cast(obj, ctypes.py_object).value
+        calls.append(("tensor", t))
+        if not isinstance(t, FakeTensor) or t.data_ptr() == 0xBAD0:
+            return -1
+        n = len(t.shape)
+        shape, strides = (ctypes.c_int64 * max(n, 1))(*t.shape), (ctypes.c_int64 * max(n, 1))(*t.stride())
+        kept.append((shape, strides))
+        out[0].data, out[0].byte_offset = t.data_ptr() - 0x10, 0x10  # (data + byte_offset: the address)
+        out[0].device.device_type, out[0].device.device_id = 2, t.get_device()
+        out[0].ndim, out[0].shape, out[0].strides = n, shape, strides
+        out[0].dtype.code, out[0].dtype.bits, out[0].dtype.lanes = 2, 32, 1
+        return 0
+
+    def stream(device_type, device_id, out):
+        calls.append(("stream", device_type, device_id))
+        out[0] = 0x8000 + device_id
+        return 0
+
+    fns = (_DLTENSOR_FN(dltensor), _STREAM_FN(stream))
+    api = _DLPackAPI(major, 3, None, None, None, None, *fns)
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+    name = b"dlpack_exchange_api"
+    capsule = new(ctypes.addressof(api), name, None)
+    return types.SimpleNamespace(capsule=capsule, calls=calls, keep=(api, fns, name, kept))
+
+
+def test_torch_tensors_read_through_a_dlpack_table_as_through_their_attributes(fake):
+    # with DLPack's C exchange table bound (torch >= 2.11), the C calls read a tensor's
+    # layout, device and address and the current stream through it; what they read equals
+    # the attributes' answers, and a tensor the table declines is read through those
+    if not fake.use_c:
+        pytest.skip("the table serves the C calls")
+    table = _fake_dlpack_table()
+    f32 = np.dtype(np.float32)
+    assert _fast._cfast.bind_torch_dlpack(table.capsule, [FakeTensor((0,), f32, 0x1000)])
+    try:
+        for t in (FakeTensor((4, 32), f32, 0x1000), FakeTensor((4, 32), f32, 0x1000, device=1, strides=(64, 2)),
+                  FakeTensor((), f32, 0x1000), FakeTensor((4, 32), f32, 0xBAD0)):
+            table.calls.clear()
+            assert _fast._cfast.torch_sig(t) == (*t.shape, *t.stride(), f32, t.get_device())
+            assert table.calls == [("tensor", t)]
+        assert _fast._cfast.dl_describe(FakeTensor((3,), f32, 0x2000)) == (0x2000, (3,), (1,), 2 | 32 << 8 | 1 << 16,
+                                                                              2, 0)
+        assert _fast._cfast.dl_describe(FakeTensor((3,), f32, 0xBAD0)) is None
+        assert _fast._cfast.dl_current_stream(1) == 0x8001
+        # a replay: input and output addresses from the table, torch's stream of the device from it
+        fast, op = _checked_op([], declared=True)
+        t = FakeTensor((4, 32), f32, ptr=0xB000)
+        fast.checked(op, (FakeArray((4, 32), np.float32, ptr=0xB000),), {}, torch_args=((t,), {}))
+        table.calls.clear()
+        y = fast.run((FakeTensor((4, 32), f32, ptr=0xC000),), {})
+        assert isinstance(y, FakeTensor)
+        (head, slots) = fake.launched[-1]
+        assert head[3] == 0x8000 and slots[0] == 0xC000 and slots[2] == y.data_ptr()
+        assert ("stream", 2, 0) in table.calls and sum(c[0] == "tensor" for c in table.calls) >= 3
+        # two dtypes the table reports as one DLPack dtype: neither is read through it
+        assert _fast._cfast.bind_torch_dlpack(table.capsule, [FakeTensor((0,), f32, 0x1000),
+                                                              FakeTensor((0,), np.dtype(np.int32), 0x1000)])
+        asked = []
+        real_stride = FakeTensor.stride
+        monkeypatch_stride = pytest.MonkeyPatch()
+        monkeypatch_stride.setattr(FakeTensor, "stride", lambda self: asked.append(1) or real_stride(self))
+        try:
+            assert _fast._cfast.torch_sig(FakeTensor((4, 32), f32, 0x1000)) == (4, 32, 32, 1, f32, 0) and asked
+        finally:
+            monkeypatch_stride.undo()
+        # a table of another major version and no older one in its chain is not bound
+        assert not _fast._cfast.bind_torch_dlpack(_fake_dlpack_table(major=2).capsule, [])
+        assert _fast._cfast.dl_current_stream(0) is None
+    finally:
+        _fast._cfast.bind_torch_dlpack(None, ())
 
 
 def test_a_finder_runs_a_replay_itself_and_calls_anything_else(fake):

@@ -397,6 +397,37 @@ def test_the_c_device_query_agrees_with_cupy_and_torch():
     assert c() == cp.cuda.runtime.getDevice() == torch.cuda.current_device()
 
 
+def test_torchs_dlpack_table_reads_what_the_attributes_read():
+    # torch >= 2.11 exports DLPack's C exchange table; the C calls then read a tensor's
+    # layout, device and address and torch's current stream through it (_cfast.c
+    # torch_sig_dlpack, torch_address): the answers of the Python attributes
+    torch = pytest.importorskip("torch")
+    from cupyops import _fast
+
+    if not _fast.USE_C:
+        pytest.skip("the C extension is not in use")
+    cupyops.softmax(torch.ones((2, 64), device="cuda"))  # (binds torch: _fast.torch_loaded)
+    if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        assert not _fast.TORCH_DLPACK
+        pytest.skip(f"torch {torch.__version__} has no DLPack C exchange table")
+    assert _fast.TORCH_DLPACK
+    base = torch.randn((6, 8, 10), device="cuda")
+    tensors = [base, base[:, 1:, ::2], base.transpose(0, 2), base[2, 3, 4], base[:0], base.float().to(torch.bfloat16),
+               torch.ones(5, device="cuda", dtype=torch.bool), torch.zeros(7, device="cuda", dtype=torch.int8),
+               torch.zeros((3, 4), device="cuda").to(torch.float8_e4m3fn), torch.nn.Parameter(base.clone()),
+               base[:, :1].expand(6, 5, 10), torch.ones(3), torch.ones((2, 2), dtype=torch.float16)[:, 1]]
+    for t in tensors:
+        want = (*t.shape, *t.stride(), t.dtype, t.get_device())
+        got = _fast._cfast.torch_sig(t)
+        assert got == want and [type(v) for v in got] == [type(v) for v in want], (got, want)
+        address, shape, strides = _fast._cfast.dl_describe(t)[:3]
+        assert (address, shape, strides) == (t.data_ptr(), tuple(t.shape), t.stride())
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), side):
+        with torch.cuda.stream(stream):
+            assert _fast._cfast.dl_current_stream(torch.cuda.current_device()) == stream.cuda_stream == torch.cuda.current_stream().cuda_stream
+
+
 def test_a_remembered_torch_call_is_right_on_another_current_device():
     # the FastCall's kernels belong to device 0's context: with device 1 current, a call
     # on device 0's tensors takes the checked path and still gives device 0's result
