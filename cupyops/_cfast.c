@@ -1494,7 +1494,7 @@ fail:
     return NULL;
 }
 
-/* current_stream(device): torch's current stream of a CUDA device through the bound table
+/* dl_current_stream(device): torch's current stream of a CUDA device through the bound table
    (an address), None where unbound. (For the tests.) */
 static PyObject *dl_current_stream(PyObject *m, PyObject *dev) {
     if (!torch_dl) Py_RETURN_NONE;

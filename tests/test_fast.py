@@ -776,14 +776,10 @@ def test_torch_tensors_read_through_a_dlpack_table_as_through_their_attributes(f
         # two dtypes the table reports as one DLPack dtype: neither is read through it
         assert _fast._cfast.bind_torch_dlpack(table.capsule, [FakeTensor((0,), f32, 0x1000),
                                                               FakeTensor((0,), np.dtype(np.int32), 0x1000)])
-        asked = []
-        real_stride = FakeTensor.stride
-        monkeypatch_stride = pytest.MonkeyPatch()
-        monkeypatch_stride.setattr(FakeTensor, "stride", lambda self: asked.append(1) or real_stride(self))
-        try:
+        asked, real_stride = [], FakeTensor.stride
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(FakeTensor, "stride", lambda self: asked.append(1) or real_stride(self))
             assert _fast._cfast.torch_sig(FakeTensor((4, 32), f32, 0x1000)) == (4, 32, 32, 1, f32, 0) and asked
-        finally:
-            monkeypatch_stride.undo()
         # a table of another major version and no older one in its chain is not bound
         assert not _fast._cfast.bind_torch_dlpack(_fake_dlpack_table(major=2).capsule, [])
         assert _fast._cfast.dl_current_stream(0) is None
