@@ -124,9 +124,11 @@ typedef struct {
 enum { DL_CPU = 1, DL_CUDA = 2 };
 
 static const DLPackExchangeAPI_ *torch_dl; /* bind_torch_dlpack: NULL where unbound */
-static PyObject *torch_dl_capsule;          /* (holds the table's owner alive) */
-/* the torch dtype of each DLPack dtype torch's tensors report (bind_torch_dlpack) */
-#define MAX_DL_DTYPES 32
+static PyObject *torch_dl_capsule;          /* the bound capsule (torch's table is a static of torch's) */
+/* the torch dtype of each DLPack dtype torch's tensors report (bind_torch_dlpack); None
+   where several torch dtypes report it (torch's sub-byte uint1-7 / int1-7 report uint8's
+   and int8's): their tensors' dtype attribute is read then */
+#define MAX_DL_DTYPES 64
 static uint32_t dl_dtype_code[MAX_DL_DTYPES];
 static PyObject *dl_dtype_object[MAX_DL_DTYPES];
 static Py_ssize_t n_dl_dtypes;
@@ -621,8 +623,11 @@ static PyObject *replay_torch(Replay *r, PyObject *const *tensors) {
     uint64_t stream, base = 0;
     if (torch_address(y, &addrs[r->n_inputs])) goto fail;
     if (torch_dl) {
-        void *s;
-        if (torch_dl->current_work_stream(DL_CUDA, (int32_t)d, &s)) goto fail;
+        void *s = NULL;
+        if (torch_dl->current_work_stream(DL_CUDA, (int32_t)d, &s)) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "torch's current_work_stream failed");
+            goto fail;
+        }
         stream = (uint64_t)(uintptr_t)s;
     } else {
         PyObject *dev = PyLong_FromLong(d);
@@ -728,35 +733,48 @@ static PyObject *take_fast(PyObject *o) {
    set, where the table is unbound, declines the tensor, or reports a device or dtype that
    the Python attributes would name otherwise (then they are asked). A CUDA tensor's device
    is its index, a CPU tensor's -1 (as get_device()). */
+#define MAX_SIG_DIMS 32
 static PyObject *torch_sig_dlpack(PyObject *a) {
     DLTensor_ t;
-    if (torch_dltensor(a, &t) || !t.strides || t.ndim < 0) return NULL;
+    if (torch_dltensor(a, &t) || !t.strides || t.ndim < 0 || t.ndim > MAX_SIG_DIMS) return NULL;
     long dev;
     if (t.device.device_type == DL_CUDA) dev = t.device.device_id;
     else if (t.device.device_type == DL_CPU) dev = -1;
     else return NULL;
     PyObject *dtype = NULL;
     const uint32_t key = dl_dtype_key(t.dtype);
-    for (Py_ssize_t i = 0; i < n_dl_dtypes; i++)
+    for (Py_ssize_t i = 0; i < n_dl_dtypes && !dtype; i++)
         if (dl_dtype_code[i] == key) dtype = dl_dtype_object[i];
-    if (!dtype || dtype == Py_None) return NULL;
+    if (!dtype) return NULL;
+    /* (copied out before any allocation: the DLTensor's arrays are the tensor's, valid only
+       while no Python code, a collection's finalizers included, can run) */
     const Py_ssize_t n = t.ndim;
+    int64_t v[2 * MAX_SIG_DIMS];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        v[i] = t.shape[i];
+        v[n + i] = t.strides[i];
+    }
+    dtype = dtype == Py_None ? PyObject_GetAttr(a, s_dtype) : Py_NewRef(dtype);
+    if (!dtype) return NULL;
     PyObject *out = PyTuple_New(2 * n + 2);
-    if (!out) return NULL;
+    if (!out) {
+        Py_DECREF(dtype);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(out, 2 * n, dtype);
     for (Py_ssize_t i = 0; i < 2 * n; i++) {
-        PyObject *v = PyLong_FromLongLong(i < n ? t.shape[i] : t.strides[i - n]);
-        if (!v) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (!x) {
             Py_DECREF(out);
             return NULL;
         }
-        PyTuple_SET_ITEM(out, i, v);
+        PyTuple_SET_ITEM(out, i, x);
     }
     PyObject *device = PyLong_FromLong(dev);
     if (!device) {
         Py_DECREF(out);
         return NULL;
     }
-    PyTuple_SET_ITEM(out, 2 * n, Py_NewRef(dtype));
     PyTuple_SET_ITEM(out, 2 * n + 1, device);
     return out;
 }
@@ -1420,16 +1438,22 @@ static PyObject *ctx_device(PyObject *m, PyObject *unused) {
 
 /* bind_torch_dlpack(capsule, samples): bind torch's DLPack C exchange table (the
    "dlpack_exchange_api" capsule of torch.Tensor.__dlpack_c_exchange_api__; None unbinds),
-   and learn the torch dtype of each DLPack dtype from ``samples`` (a tensor of each dtype).
-   True where bound; False where the table is not one this file reads (no major version 1
-   in its chain, or no dltensor / stream function): the Python attributes serve then. */
-static PyObject *bind_torch_dlpack(PyObject *m, PyObject *args) {
-    PyObject *capsule, *samples;
-    if (!PyArg_ParseTuple(args, "OO", &capsule, &samples)) return NULL;
+   and learn the torch dtype of each DLPack dtype from ``samples`` (a tensor of every dtype:
+   a DLPack dtype that several report is marked, and its tensors' dtype attribute read).
+   True where bound; False where unbound: None given, or a table this file does not read
+   (no major version 1 in its chain, no dltensor or stream function), or more DLPack dtypes
+   than it holds. The Python attributes serve where unbound. */
+static void unbind_torch_dlpack(void) {
     torch_dl = NULL;
     n_dl_dtypes = 0;
     for (Py_ssize_t i = 0; i < MAX_DL_DTYPES; i++) Py_CLEAR(dl_dtype_object[i]);
     Py_CLEAR(torch_dl_capsule);
+}
+
+static PyObject *bind_torch_dlpack(PyObject *m, PyObject *args) {
+    PyObject *capsule, *samples;
+    if (!PyArg_ParseTuple(args, "OO", &capsule, &samples)) return NULL;
+    unbind_torch_dlpack();
     if (capsule == Py_None) Py_RETURN_FALSE;
     const DLPackAPIHeader_ *h = PyCapsule_GetPointer(capsule, "dlpack_exchange_api");
     if (!h) return NULL;
@@ -1439,34 +1463,41 @@ static PyObject *bind_torch_dlpack(PyObject *m, PyObject *args) {
     PyObject *seq = PySequence_Fast(samples, "samples: a sequence of tensors");
     if (!seq) return NULL;
     Py_ssize_t n = 0;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq) && n < MAX_DL_DTYPES; i++) {
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
         PyObject *t = PySequence_Fast_GET_ITEM(seq, i);
         DLTensor_ d;
         if (api->dltensor_from_py_object_no_sync(t, &d)) {
-            PyErr_Clear(); /* a dtype DLPack cannot carry: its tensors ask the attributes */
+            PyErr_Clear(); /* a dtype DLPack cannot carry: its tensors are declined */
             continue;
-        }
-        PyObject *dtype = PyObject_GetAttr(t, s_dtype);
-        if (!dtype) {
-            Py_DECREF(seq);
-            return NULL;
         }
         const uint32_t key = dl_dtype_key(d.dtype);
+        PyObject *dtype = PyObject_GetAttr(t, s_dtype);
+        if (!dtype) goto fail;
         Py_ssize_t j = 0;
         while (j < n && dl_dtype_code[j] != key) j++;
-        if (j < n) { /* two torch dtypes as one DLPack dtype: neither is read through it */
+        if (j < n) { /* another torch dtype reports this DLPack dtype: read the attribute */
+            if (dl_dtype_object[j] != dtype) Py_XSETREF(dl_dtype_object[j], Py_NewRef(Py_None));
             Py_DECREF(dtype);
-            Py_XSETREF(dl_dtype_object[j], Py_NewRef(Py_None));
             continue;
+        }
+        if (n == MAX_DL_DTYPES) { /* (more than this file holds: left to the attributes) */
+            Py_DECREF(dtype);
+            Py_DECREF(seq);
+            unbind_torch_dlpack();
+            Py_RETURN_FALSE;
         }
         dl_dtype_code[n] = key;
         dl_dtype_object[n++] = dtype;
+        n_dl_dtypes = n;
     }
     Py_DECREF(seq);
-    n_dl_dtypes = n;
     torch_dl_capsule = Py_NewRef(capsule);
     torch_dl = api;
     Py_RETURN_TRUE;
+fail:
+    Py_DECREF(seq);
+    unbind_torch_dlpack();
+    return NULL;
 }
 
 /* dl_describe(t): (address, shape, strides, dtype code | bits << 8 | lanes << 16, device
@@ -1500,8 +1531,11 @@ static PyObject *dl_current_stream(PyObject *m, PyObject *dev) {
     if (!torch_dl) Py_RETURN_NONE;
     long d = PyLong_AsLong(dev);
     if (d == -1 && PyErr_Occurred()) return NULL;
-    void *s;
-    if (torch_dl->current_work_stream(DL_CUDA, (int32_t)d, &s)) return NULL;
+    void *s = NULL;
+    if (torch_dl->current_work_stream(DL_CUDA, (int32_t)d, &s)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "torch's current_work_stream failed");
+        return NULL;
+    }
     return PyLong_FromUnsignedLongLong((uintptr_t)s);
 }
 

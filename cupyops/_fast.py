@@ -42,6 +42,7 @@ import operator
 import os
 import sys
 import threading
+import warnings
 
 import numpy as np
 
@@ -66,7 +67,6 @@ _torch_empty = _torch_empty_like = None
 _torch_raw_alloc = _torch_raw_delete = None  # torch's caching allocator, block by address
 raw_stream = None  # torch's current stream of a device, as an address (torch_loaded)
 TORCH_DTYPES = {}  # NumPy dtype -> torch dtype, for the dtypes the operators return
-_TORCH_FP8 = ("float8_e4m3fn", "float8_e5m2")  # torch dtypes of FP8 operands (no NumPy dtype)
 TORCH_DLPACK = False  # whether the C calls read torch tensors through DLPack's C table
 
 
@@ -123,13 +123,23 @@ def bind_torch_dlpack(torch):
     """Where torch has DLPack's C exchange table (``torch.Tensor.__dlpack_c_exchange_api__``,
     torch >= 2.11), the C calls read a tensor's address, layout and device and torch's
     current stream through it instead of Python calls (about 0.3-0.6 us less a call;
-    NOTES 141); sets TORCH_DLPACK to whether they do."""
+    NOTES 141); ``None`` unbinds it. The C side learns which torch dtype each DLPack dtype
+    stands for from an empty tensor of every dtype torch has (some share one: torch's
+    sub-byte integers report int8's and uint8's). Sets TORCH_DLPACK to whether bound."""
     global TORCH_DLPACK
-    api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
-    if _cfast is None or api is None:
+    if _cfast is None:
         return
-    dtypes = set(TORCH_DTYPES.values()) | {getattr(torch, n) for n in _TORCH_FP8 if hasattr(torch, n)}
-    TORCH_DLPACK = _cfast.bind_torch_dlpack(api, [torch.empty(0, dtype=d) for d in dtypes])
+    api = None if torch is None else getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
+    samples = []
+    with warnings.catch_warnings():  # (torch warns that complex32 is experimental)
+        warnings.simplefilter("ignore")
+        for dtype in () if api is None else dict.fromkeys(v for v in vars(torch).values()
+                                                          if isinstance(v, torch.dtype)):
+            try:
+                samples.append(torch.empty(0, dtype=dtype))
+            except Exception:  # noqa: BLE001 - a dtype torch.empty does not make: none of its tensors to read
+                continue
+    TORCH_DLPACK = _cfast.bind_torch_dlpack(api, samples)
 
 
 class Unfit(Exception):

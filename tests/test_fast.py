@@ -177,8 +177,8 @@ def fake(monkeypatch, request):
         request.addfinalizer(lambda: _fast._cfast.bind(**old))
         # (where a GPU test bound torch's DLPack table in this process, the stand-ins' calls
         # ask the Python attributes and the stand-in stream query; bound again after)
-        _fast._cfast.bind_torch_dlpack(None, ())
         if _fast.TORCH_DLPACK:
+            _fast.bind_torch_dlpack(None)
             request.addfinalizer(lambda: _fast.bind_torch_dlpack(sys.modules["torch"]))
     return types.SimpleNamespace(device=device, launched=launched, allocated=allocated, made=made, raw=raw,
                                  stream=stream, use_c=use_c, c_driver=c_driver, capture=capture,
@@ -722,7 +722,7 @@ def _fake_dlpack_table(major=1):
         if not isinstance(t, FakeTensor) or t.data_ptr() == 0xBAD0:
             return -1
         n = len(t.shape)
-        shape, strides = (ctypes.c_int64 * max(n, 1))(*t.shape), (ctypes.c_int64 * max(n, 1))(*t.stride())
+        shape, strides = (ctypes.c_int64 * max(n, 1))(*t.shape), (ctypes.c_int64 * max(n, 1))(*t._strides)
         kept.append((shape, strides))
         out[0].data, out[0].byte_offset = t.data_ptr() - 0x10, 0x10  # (data + byte_offset: the address)
         out[0].device.device_type, out[0].device.device_id = 2, t.get_device()
@@ -744,21 +744,26 @@ def _fake_dlpack_table(major=1):
     return types.SimpleNamespace(capsule=capsule, calls=calls, keep=(api, fns, name, kept))
 
 
-def test_torch_tensors_read_through_a_dlpack_table_as_through_their_attributes(fake):
+def test_torch_tensors_read_through_a_dlpack_table_as_through_their_attributes(fake, monkeypatch):
     # with DLPack's C exchange table bound (torch >= 2.11), the C calls read a tensor's
-    # layout, device and address and the current stream through it; what they read equals
-    # the attributes' answers, and a tensor the table declines is read through those
+    # layout, device and address and the current stream through it, not its attributes
+    # (stride() is spied on); what they read equals the attributes' answers, and a tensor
+    # the table declines is read through those
     if not fake.use_c:
         pytest.skip("the table serves the C calls")
     table = _fake_dlpack_table()
-    f32 = np.dtype(np.float32)
+    f32, i32 = np.dtype(np.float32), np.dtype(np.int32)
+    asked, real_stride = [], FakeTensor.stride
+    monkeypatch.setattr(FakeTensor, "stride", lambda self: asked.append(1) or real_stride(self))
     assert _fast._cfast.bind_torch_dlpack(table.capsule, [FakeTensor((0,), f32, 0x1000)])
     try:
         for t in (FakeTensor((4, 32), f32, 0x1000), FakeTensor((4, 32), f32, 0x1000, device=1, strides=(64, 2)),
                   FakeTensor((), f32, 0x1000), FakeTensor((4, 32), f32, 0xBAD0)):
+            want = (*t.shape, *real_stride(t), f32, t.get_device())
             table.calls.clear()
-            assert _fast._cfast.torch_sig(t) == (*t.shape, *t.stride(), f32, t.get_device())
-            assert table.calls == [("tensor", t)]
+            asked.clear()
+            assert _fast._cfast.torch_sig(t) == want
+            assert table.calls == [("tensor", t)] and bool(asked) == (t.data_ptr() == 0xBAD0)  # (declined)
         assert _fast._cfast.dl_describe(FakeTensor((3,), f32, 0x2000)) == (0x2000, (3,), (1,), 2 | 32 << 8 | 1 << 16,
                                                                               2, 0)
         assert _fast._cfast.dl_describe(FakeTensor((3,), f32, 0xBAD0)) is None
@@ -773,15 +778,17 @@ def test_torch_tensors_read_through_a_dlpack_table_as_through_their_attributes(f
         (head, slots) = fake.launched[-1]
         assert head[3] == 0x8000 and slots[0] == 0xC000 and slots[2] == y.data_ptr()
         assert ("stream", 2, 0) in table.calls and sum(c[0] == "tensor" for c in table.calls) >= 3
-        # two dtypes the table reports as one DLPack dtype: neither is read through it
+        # two dtypes the table reports as one DLPack dtype (the stand-in reports every tensor
+        # as float32): the layout still from the table, the dtype from each tensor's attribute
         assert _fast._cfast.bind_torch_dlpack(table.capsule, [FakeTensor((0,), f32, 0x1000),
-                                                              FakeTensor((0,), np.dtype(np.int32), 0x1000)])
-        asked, real_stride = [], FakeTensor.stride
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(FakeTensor, "stride", lambda self: asked.append(1) or real_stride(self))
-            assert _fast._cfast.torch_sig(FakeTensor((4, 32), f32, 0x1000)) == (4, 32, 32, 1, f32, 0) and asked
+                                                              FakeTensor((0,), i32, 0x1000)])
+        for dtype in (f32, i32):
+            asked.clear()
+            assert _fast._cfast.torch_sig(FakeTensor((4, 32), dtype, 0x1000)) == (4, 32, 32, 1, dtype, 0)
+            assert not asked
         # a table of another major version and no older one in its chain is not bound
-        assert not _fast._cfast.bind_torch_dlpack(_fake_dlpack_table(major=2).capsule, [])
+        other = _fake_dlpack_table(major=2)  # (held: the capsule does not own the table)
+        assert not _fast._cfast.bind_torch_dlpack(other.capsule, [])
         assert _fast._cfast.dl_current_stream(0) is None
     finally:
         _fast._cfast.bind_torch_dlpack(None, ())

@@ -416,12 +416,19 @@ def test_torchs_dlpack_table_reads_what_the_attributes_read():
                torch.ones(5, device="cuda", dtype=torch.bool), torch.zeros(7, device="cuda", dtype=torch.int8),
                torch.zeros((3, 4), device="cuda").to(torch.float8_e4m3fn), torch.nn.Parameter(base.clone()),
                base[:, :1].expand(6, 5, 10), torch.ones(3), torch.ones((2, 2), dtype=torch.float16)[:, 1]]
-    for t in tensors:
-        want = (*t.shape, *t.stride(), t.dtype, t.get_device())
-        got = _fast._cfast.torch_sig(t)
-        assert got == want and [type(v) for v in got] == [type(v) for v in want], (got, want)
-        address, shape, strides = _fast._cfast.dl_describe(t)[:3]
-        assert (address, shape, strides) == (t.data_ptr(), tuple(t.shape), t.stride())
+    tensors += [torch.empty(8, device="cuda", dtype=torch.uint4), torch.empty(8, device="cuda", dtype=torch.int4)]
+    wants = [(*t.shape, *t.stride(), t.dtype, t.get_device()) for t in tensors]
+    described = [(t.data_ptr(), tuple(t.shape), t.stride()) for t in tensors]
+    asked = []
+    real_stride = torch.Tensor.stride
+    with pytest.MonkeyPatch.context() as mp:  # (the attributes' path calls stride(): not taken)
+        mp.setattr(torch.Tensor, "stride", lambda self, *a: asked.append(1) or real_stride(self, *a))
+        for t, want, desc in zip(tensors, wants, described):
+            got = _fast._cfast.torch_sig(t)
+            # (uint4 / int4 report uint8's / int8's DLPack dtype: their dtype attribute is read)
+            assert got == want and [type(v) for v in got] == [type(v) for v in want], (got, want)
+            assert _fast._cfast.dl_describe(t)[:3] == desc
+    assert not asked
     side = torch.cuda.Stream()
     for stream in (torch.cuda.current_stream(), side):
         with torch.cuda.stream(stream):
