@@ -169,6 +169,10 @@ def fake(monkeypatch, request):
         return ctx_error[0]
 
     c_ctx_device = _CTX_DEVICE_C(ctx_get_device)
+    # (the Python steps' context query answers as the C one's stand-in: on a machine with a
+    # driver, a thread of the test process may have no real context current)
+    monkeypatch.setattr(_fast._launch, "has_current_context", lambda: ctx_error[0] == 0)
+    monkeypatch.setattr(_fast, "_THREAD", threading.local())
     if use_c:  # the C signature functions and replays see the stand-ins too (the current
         # device from the driver stand-in, as _fast.cupy_loaded binds cuCtxGetDevice)
         old = _fast._cfast.bind(cupy_type=FakeArray, torch_types=frozenset({FakeTensor}), get_device=lambda: device[0],
