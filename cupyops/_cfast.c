@@ -145,17 +145,32 @@ static int torch_dltensor(PyObject *t, DLTensor_ *out) {
 }
 
 /* The address of torch tensor ``t``'s first element (tensor.data_ptr()): 0, or -1 on error. */
-static int u64(PyObject *o, uint64_t *out);
+static int take_u64(PyObject *o, uint64_t *out);
 static int torch_address(PyObject *t, uint64_t *out) {
     DLTensor_ d;
     if (torch_dltensor(t, &d) == 0) {
         *out = (uint64_t)(uintptr_t)d.data + d.byte_offset;
         return 0;
     }
-    PyObject *p = PyObject_CallMethodNoArgs(t, s_data_ptr);
-    if (!p) return -1;
-    int rc = u64(p, out);
-    Py_DECREF(p);
+    return take_u64(PyObject_CallMethodNoArgs(t, s_data_ptr), out);
+}
+
+/* torch's current stream of CUDA device ``d`` (an address), through the table where bound,
+   else ``raw_stream`` (torch._C._cuda_getCurrentRawStream): 0, or -1 with an error set. */
+static int torch_stream(PyObject *raw_stream, long d, uint64_t *out) {
+    if (torch_dl) {
+        void *s = NULL;
+        if (torch_dl->current_work_stream(DL_CUDA, (int32_t)d, &s)) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "torch's current_work_stream failed");
+            return -1;
+        }
+        *out = (uint64_t)(uintptr_t)s;
+        return 0;
+    }
+    PyObject *dev = PyLong_FromLong(d);
+    if (!dev) return -1;
+    int rc = take_u64(PyObject_CallOneArg(raw_stream, dev), out);
+    Py_DECREF(dev);
     return rc;
 }
 
@@ -621,22 +636,7 @@ static PyObject *replay_torch(Replay *r, PyObject *const *tensors) {
         y = PyObject_CallNoArgs(r->torch_make);
     if (!y) return NULL;
     uint64_t stream, base = 0;
-    if (torch_address(y, &addrs[r->n_inputs])) goto fail;
-    if (torch_dl) {
-        void *s = NULL;
-        if (torch_dl->current_work_stream(DL_CUDA, (int32_t)d, &s)) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "torch's current_work_stream failed");
-            goto fail;
-        }
-        stream = (uint64_t)(uintptr_t)s;
-    } else {
-        PyObject *dev = PyLong_FromLong(d);
-        if (!dev || take_u64(PyObject_CallOneArg(r->raw_stream, dev), &stream)) {
-            Py_XDECREF(dev);
-            goto fail;
-        }
-        Py_DECREF(dev);
-    }
+    if (torch_address(y, &addrs[r->n_inputs]) || torch_stream(r->raw_stream, d, &stream)) goto fail;
     if (r->work_bytes) {
         if (take_u64(PyObject_CallFunction(r->raw_alloc, "nK", r->work_bytes, (unsigned long long)stream), &base))
             goto fail;
@@ -1531,12 +1531,8 @@ static PyObject *dl_current_stream(PyObject *m, PyObject *dev) {
     if (!torch_dl) Py_RETURN_NONE;
     long d = PyLong_AsLong(dev);
     if (d == -1 && PyErr_Occurred()) return NULL;
-    void *s = NULL;
-    if (torch_dl->current_work_stream(DL_CUDA, (int32_t)d, &s)) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "torch's current_work_stream failed");
-        return NULL;
-    }
-    return PyLong_FromUnsignedLongLong((uintptr_t)s);
+    uint64_t s;
+    return torch_stream(NULL, d, &s) ? NULL : PyLong_FromUnsignedLongLong(s);
 }
 
 static PyMethodDef module_methods[] = {

@@ -172,6 +172,7 @@ class StreamK:
     grid: int  # persistent blocks
     flag_bytes: int  # the workspace's flags, zeroed before each launch
     work_bytes: int  # the flags and a float32 partial tile a block
+    tiles: int  # the problem's tiles, whole and shared
 
 
 def streamk_plan(p, tile, sm_count):
@@ -194,7 +195,7 @@ def streamk_plan(p, tile, sm_count):
         sk_blocks = min(sm_count, max(rest, rest * kt // SK_MIN_K_TILES)) if rest else 0
     grid = sm_count if dp else sk_blocks
     flags = _launch.cdiv(2 * sk_blocks, SK_FLAG_WORDS) * SK_FLAG_WORDS * 4
-    return StreamK(dp, sk_blocks, grid, flags, flags + sk_blocks * tile.bm * tile.bn * 4)
+    return StreamK(dp, sk_blocks, grid, flags, flags + sk_blocks * tile.bm * tile.bn * 4, tiles)
 
 
 def streamk_gain(p, tile, sm_count):
@@ -207,9 +208,8 @@ def streamk_gain(p, tile, sm_count):
     if not sk.sk_blocks or not sk.dp_tiles:
         return 0.0
     kt = _launch.cdiv(p.K, BK)
-    tiles = _launch.cdiv(p.M, tile.bm) * _launch.cdiv(p.N, tile.bn) * p.batch
-    rest = tiles - sk.dp_tiles
-    data_parallel = _launch.cdiv(tiles, sm_count) * kt
+    rest = sk.tiles - sk.dp_tiles
+    data_parallel = _launch.cdiv(sk.tiles, sm_count) * kt
     streamed = sk.dp_tiles // sm_count * kt + _launch.cdiv(rest * kt, sk.sk_blocks) + SK_FIXUP_K_TILES
     return (data_parallel - streamed) / data_parallel
 
